@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Create or update .venv with the operator, the runtime's CPU stack and the test tools.
+# PyPI serves no CPU-only torch build, so the +cpu wheel is taken from a wheel folder:
+#   $CHATTTS_WHEELS, else ../shared/wheels beside the checkout, else the user cache
+#   (~/.cache/chattts-operator/wheels), where this script keeps a copy for fresh clones.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${CHATTTS_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+torch_version="2.13.0+cpu"
+cache_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/chattts-operator/wheels"
+
+find_wheels() {
+  for d in "${CHATTTS_WHEELS:-}" "$root/../shared/wheels" "$cache_wheels"; do
+    if [[ -n "$d" ]] && compgen -G "$d/torch-${torch_version}-*.whl" >/dev/null; then echo "$d"; return; fi
+  done
+}
+
+[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+stamp="$venv/.chattts-stamp"
+want="$(sha256sum "$root/pyproject.toml" "$0" | sha256sum | cut -c1-16)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  echo "[venv] $venv is up to date"; exit 0
+fi
+
+"${pip[@]}" install -U pip wheel setuptools
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '$torch_version')" 2>/dev/null; then
+  wheels="$(find_wheels || true)"
+  if [[ -n "$wheels" ]]; then
+    mkdir -p "$cache_wheels"
+    cp -n "$wheels"/torch-"${torch_version}"-*.whl "$cache_wheels/" 2>/dev/null || true
+    "${pip[@]}" install --find-links "$wheels" "torch==$torch_version"
+  else
+    echo "[venv] no torch $torch_version wheel found (set CHATTTS_WHEELS); installing torch from the index" >&2
+    "${pip[@]}" install "torch==${torch_version%+cpu}"
+  fi
+fi
+"${pip[@]}" install -e "$root[runtime,test]"
+# AutoAWQ 0.2.9 pins an old torch/transformers in its metadata but quantizes fine with
+# the pinned stack (see the runtime README); install it without letting it downgrade torch.
+"${pip[@]}" install --no-deps "autoawq==0.2.9"
+echo "$want" > "$stamp"
+echo "[venv] ready: $venv"

@@ -1,0 +1,1 @@
+"""chattts_operator."""

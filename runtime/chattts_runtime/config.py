@@ -1,0 +1,151 @@
+"""The configuration contract between the operator and the serving runtime.
+
+The operator renders a ``RuntimeConfig`` into the ConfigMap that every serving pod
+mounts at ``/etc/chattts/runtime.yaml``; the runtime reads it at start-up. This module
+depends on pydantic and pyyaml only, so the operator can import it without torch.
+
+Environment variables override the file: ``CHATTTS_<SECTION>__<FIELD>=value``
+(double underscore between levels), e.g. ``CHATTTS_ENGINE__MAX_NUM_SEQS=32``.
+Values are parsed as YAML scalars, so ``true``, ``0.8`` and ``128`` get their types.
+Unknown keys, in the file or the environment, fail at start-up naming the field.
+"""
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_PATH = "/etc/chattts/runtime.yaml"
+ENV_PREFIX = "CHATTTS_"
+
+# vLLM flags the operator manages itself: a user's extra args may not set them.
+MANAGED_ENGINE_FLAGS = frozenset({
+    "--model", "--served-model-name", "--quantization", "--dtype",
+    "--max-num-batched-tokens", "--max-num-seqs", "--gpu-memory-utilization",
+    "--max-model-len", "--kv-cache-dtype", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--tensor-parallel-size", "--speculative-config",
+    "--hf-overrides", "--disable-log-stats", "--host", "--port",
+})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightFormat(str, Enum):
+    """How the model's GPT weights are stored."""
+
+    AWQ = "awq"
+    COMPRESSED_TENSORS = "compressed-tensors"
+    FP16 = "fp16"
+
+
+class EngineKind(str, Enum):
+    """Which generation engine serves requests."""
+
+    VLLM = "vllm"
+    REFERENCE = "reference"  # plain PyTorch engine: the baseline and the equality reference
+
+
+class ModelSettings(_Strict):
+    path: str = Field("/models/chattts", description="Read-only directory with the ChatTTS checkpoint.")
+    format: WeightFormat = WeightFormat.FP16
+    served_name: str = Field("chattts", min_length=1, description="Model name answered in /v1/models.")
+
+
+class EngineSettings(_Strict):
+    """Every engine knob the operator exposes; names follow vLLM's EngineArgs."""
+
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(64, ge=1, le=4096)
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    max_model_len: int = Field(2048, ge=16)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    enable_prefix_caching: bool = False
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    speculative_config: dict[str, Any] | None = None
+    rope_theta: float | None = Field(None, gt=0, description="Passed to vLLM through --hf-overrides.")
+    disable_log_stats: bool = Field(False, description="Keep False when autoscaling on engine metrics.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    enforce_eager: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _extra_args_do_not_override_managed_flags(self) -> "EngineSettings":
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_ENGINE_FLAGS:
+                raise ValueError(f"engine.extra_args may not set {flag}: it is managed; use its own field")
+        return self
+
+
+class ServerSettings(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    max_queue: int = Field(256, ge=1, description="Requests waiting beyond running ones; more get 429.")
+    max_input_chars: int = Field(4096, ge=1)
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+
+
+class RuntimeConfig(_Strict):
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    engine_kind: EngineKind = EngineKind.VLLM
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)
+
+
+class ConfigError(ValueError):
+    """Raised with a message that names the offending field."""
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in key[len(ENV_PREFIX):].split("__")]
+        # Other CHATTTS_* variables (dev tooling) are not config unless they name a top-level field.
+        if len(path) == 1 and path[0] not in RuntimeConfig.model_fields:
+            continue
+        node = overrides
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+    return overrides
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
+    """Read the config file (if any), apply environment overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = loaded
+    data = _merge(data, _env_overrides(os.environ if environ is None else environ))
+    try:
+        return RuntimeConfig.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"invalid runtime config: {problems}") from None
