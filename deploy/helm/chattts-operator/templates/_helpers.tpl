@@ -1,0 +1,68 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "chattts-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the operator's objects: the release name when it already contains the chart name. */}}
+{{- define "chattts-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "chattts-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object of the release. */}}
+{{- define "chattts-operator.labels" -}}
+helm.sh/chart: {{ include "chattts-operator.chart" . }}
+{{ include "chattts-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: chattts
+{{- end }}
+
+{{/* Labels that select the operator pod; immutable once the Deployment exists. */}}
+{{- define "chattts-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "chattts-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "chattts-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "chattts-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository[:tag][@digest] of an image block; the tag defaults to the chart's appVersion. */}}
+{{- define "chattts-operator.imageRef" -}}
+{{- $image := index . 0 }}{{- $root := index . 1 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The watched namespaces, de-duplicated; empty means cluster-wide. */}}
+{{- define "chattts-operator.watchNamespaces" -}}
+{{- .Values.watchNamespaces | uniq | sortAlpha | join "," }}
+{{- end }}
+
+{{/* CRDs are shared by every release: no instance label, only what identifies the chart. */}}
+{{- define "chattts-operator.crdLabels" -}}
+helm.sh/chart: {{ include "chattts-operator.chart" . }}
+app.kubernetes.io/part-of: chattts
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
