@@ -39,6 +39,7 @@ fi
 "${pip[@]}" install -e "$root[runtime,test]"
 # AutoAWQ 0.2.9 pins an old torch/transformers in its metadata but quantizes fine with
 # the pinned stack (see the runtime README); install it without letting it downgrade torch.
+"${pip[@]}" install "accelerate>=1.0" "datasets>=2.20" zstandard
 "${pip[@]}" install --no-deps "autoawq==0.2.9"
 echo "$want" > "$stamp"
 echo "[venv] ready: $venv"
