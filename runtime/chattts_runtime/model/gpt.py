@@ -1,0 +1,157 @@
+"""The ChatTTS GPT: a Llama body fed by text or summed audio-code embeddings.
+
+Module and parameter names follow the official checkpoint so its state dicts load as
+they are:
+
+* ``asset/Embed.safetensors`` -> :class:`ChatTTSEmbed` (``emb_code.{0..3}.weight``,
+  ``emb_text.weight``, ``head_text.parametrizations.weight.original{0,1}``,
+  ``head_code.{0..3}.parametrizations.weight.original{0,1}``: weight-normed, g then v);
+* ``asset/gpt/model.safetensors`` -> a transformers ``LlamaModel`` without its token
+  embedding (``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.mlp.*``,
+  ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``).
+
+The forward pass is written here over the Llama modules (not ``LlamaModel.forward``)
+so that the reference engine owns its KV cache layout: per-layer tensors of shape
+``[batch, kv_heads, length, head_dim]`` with a boolean validity mask for left padding,
+which lets requests join and leave a running batch between steps.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+from chattts_runtime.model.config import GPTSizes
+
+
+class ChatTTSEmbed(nn.Module):
+    """Input embeddings and output heads (``asset/Embed.safetensors``)."""
+
+    def __init__(self, sizes: GPTSizes):
+        super().__init__()
+        h = sizes.hidden_size
+        self.num_vq = sizes.num_vq
+        self.emb_code = nn.ModuleList(nn.Embedding(sizes.num_audio_tokens, h) for _ in range(sizes.num_vq))
+        self.emb_text = nn.Embedding(sizes.num_text_tokens, h)
+        self.head_text = weight_norm(nn.Linear(h, sizes.num_text_tokens, bias=False), name="weight")
+        self.head_code = nn.ModuleList(
+            weight_norm(nn.Linear(h, sizes.num_audio_tokens, bias=False), name="weight")
+            for _ in range(sizes.num_vq))
+
+    def fuse_weight_norm(self) -> None:
+        """Bake g * v / |v| into plain weights: same outputs, no per-step renormalisation."""
+        for head in (self.head_text, *self.head_code):
+            if parametrize.is_parametrized(head, "weight"):
+                parametrize.remove_parametrizations(head, "weight", leave_parametrized=True)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes [..., num_vq]`` -> the sum of the codebooks' embeddings ``[..., hidden]``."""
+        out = self.emb_code[0](codes[..., 0])
+        for i in range(1, self.num_vq):
+            out = out + self.emb_code[i](codes[..., i])
+        return out
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, hidden]`` -> float32 logits ``[B, num_vq, num_audio_tokens]``."""
+        hidden = hidden.float()
+        return torch.stack([head(hidden) for head in self.head_code], dim=1)
+
+
+def build_llama_body(sizes: GPTSizes, dtype: torch.dtype = torch.float32) -> nn.Module:
+    from transformers import LlamaConfig, LlamaModel  # noqa: PLC0415  (heavy, lazy)
+
+    config = LlamaConfig(
+        hidden_size=sizes.hidden_size,
+        intermediate_size=sizes.intermediate_size,
+        num_attention_heads=sizes.num_attention_heads,
+        num_key_value_heads=sizes.num_key_value_heads,
+        num_hidden_layers=sizes.num_hidden_layers,
+        max_position_embeddings=sizes.max_position_embeddings,
+        rms_norm_eps=sizes.rms_norm_eps,
+        rope_theta=sizes.rope_theta,
+        vocab_size=1,  # the token embedding is dropped: inputs are always embeddings
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        attn_implementation="sdpa",
+    )
+    body = LlamaModel(config).to(dtype)
+    body.embed_tokens = None
+    return body
+
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class ChatTTSGPT(nn.Module):
+    """Embeddings + Llama body + heads, with an explicit-cache forward step."""
+
+    def __init__(self, sizes: GPTSizes, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.sizes = sizes
+        self.embed = ChatTTSEmbed(sizes).to(dtype)
+        self.llama = build_llama_body(sizes, dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.llama.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.llama.norm.weight.device
+
+    def forward_step(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: KVCache | None,
+        attn_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Run the body over new positions.
+
+        inputs_embeds ``[B, T, H]``; position_ids ``[B, T]``; past: per layer (k, v) of
+        ``[B, kv_heads, S, head_dim]`` or None; attn_mask: bool ``[B, 1, T, S + T]`` (True =
+        may attend). Returns the final-normed hidden states ``[B, T, H]`` and the cache
+        extended by the T new positions.
+        """
+        s = self.sizes
+        llama = self.llama
+        h = inputs_embeds.to(self.dtype)
+        cos, sin = llama.rotary_emb(h, position_ids)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
+
+        bsz, t, _ = h.shape
+        groups = s.num_attention_heads // s.num_key_value_heads
+        new_cache: KVCache = []
+        for idx, layer in enumerate(llama.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            if past is not None:
+                k = torch.cat((past[idx][0], k), dim=2)
+                v = torch.cat((past[idx][1], v), dim=2)
+            new_cache.append((k, v))
+            if groups > 1:
+                k = k.repeat_interleave(groups, dim=1)
+                v = v.repeat_interleave(groups, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return llama.norm(h), new_cache
+
+    def prompt_embeds(self, input_ids: Sequence[int], speaker: torch.Tensor | None,
+                      speaker_token_id: int | None) -> torch.Tensor:
+        """Text prompt -> ``[1, T, H]``; the ``[spk_emb]`` position carries the L2-normed speaker."""
+        ids = torch.tensor(list(input_ids), dtype=torch.long, device=self.device)
+        emb = self.embed.emb_text(ids)
+        if speaker is not None and speaker_token_id is not None:
+            where = ids == speaker_token_id
+            if bool(where.any()):
+                spk = F.normalize(speaker.to(device=emb.device, dtype=torch.float32), p=2.0, dim=0, eps=1e-12)
+                emb = torch.where(where.unsqueeze(-1), spk.to(emb.dtype).expand_as(emb), emb)
+        return emb.unsqueeze(0)

@@ -1,0 +1,67 @@
+"""Text -> prompt token ids, as ChatTTS builds them for audio-code generation.
+
+The checkpoint's ``asset/tokenizer`` is a BERT-style WordPiece tokenizer
+(``BertTokenizerFast``: ``tokenizer.json`` + ``tokenizer_config.json`` +
+``special_tokens_map.json``) whose vocabulary holds ChatTTS's control tokens.
+A code-generation prompt is::
+
+    [Stts][spk_emb][speed_K]<text>[Ptts]     (with a speaker vector)
+    [Stts][empty_spk][speed_K]<text>[Ptts]   (without)
+
+tokenized with ``add_special_tokens=False`` (no [CLS]/[SEP]). Every prompt position is
+embedded with ``emb_text``; the ``[spk_emb]`` position's embedding is replaced by the
+L2-normalised speaker vector. ``[speed_K]`` (K = 0..9, 5 = normal) is ChatTTS's speed
+control; the speech API maps OpenAI's ``speed`` onto it (see :func:`speed_token`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from chattts_runtime.model.config import CheckpointError
+
+CONTROL_TOKENS = ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]", "[Sbreak]", "[Pbreak]", "[Ebreak]",
+                  "[uv_break]", "[laugh]", "[lbreak]",
+                  *(f"[speed_{i}]" for i in range(10)), *(f"[break_{i}]" for i in range(8)),
+                  *(f"[laugh_{i}]" for i in range(3)), *(f"[oral_{i}]" for i in range(10)))
+REQUIRED_TOKENS = ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]")
+
+
+def speed_token(speed: float) -> str:
+    """OpenAI speed (0.25..4.0, 1.0 = normal) -> ChatTTS ``[speed_K]`` (0..9, 5 = normal)."""
+    level = round(5 * speed)
+    return f"[speed_{max(0, min(9, level))}]"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    input_ids: tuple[int, ...]
+    text_tokens: int  # ids that came from the user's text (for accounting)
+
+
+class PromptTokenizer:
+    def __init__(self, tokenizer_dir: str | Path):
+        from transformers import BertTokenizerFast  # noqa: PLC0415
+
+        path = Path(tokenizer_dir)
+        if not (path / "tokenizer.json").exists():
+            raise CheckpointError(f"missing {path / 'tokenizer.json'}")
+        self._tok = BertTokenizerFast.from_pretrained(str(path))
+        vocab = self._tok.get_vocab()
+        missing = [t for t in REQUIRED_TOKENS if t not in vocab]
+        if missing:
+            raise CheckpointError(f"{path}: tokenizer lacks the control tokens {missing}")
+        self.vocab_size = len(self._tok)
+        self.spk_emb_id = vocab["[spk_emb]"]
+        self._has_speed = all(f"[speed_{i}]" in vocab for i in range(10))
+
+    def build(self, text: str, *, with_speaker: bool, speed: float = 1.0) -> Prompt:
+        speaker_tag = "[spk_emb]" if with_speaker else "[empty_spk]"
+        speed_tag = speed_token(speed) if self._has_speed else ""
+        # Control tokens typed by a user would steer the model: strip them from the text.
+        for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
+            text = text.replace(token, "")
+        body = self._tok.encode(text.strip(), add_special_tokens=False)
+        head = self._tok.encode(f"[Stts]{speaker_tag}{speed_tag}", add_special_tokens=False)
+        tail = self._tok.encode("[Ptts]", add_special_tokens=False)
+        return Prompt(tuple(head + body + tail), len(body))
