@@ -74,13 +74,15 @@ def per_gpu_memory_mib(node: Mapping[str, Any]) -> int:
 
 def node_gpu_memory_mib(node: Mapping[str, Any]) -> int:
     """The node's total GPU memory in MiB: the ``nvidia.com/gpu.memory`` resource if the node
-    advertises it, else per-GPU memory (GFD label) x GPU count."""
+    advertises it, else per-GPU memory (GFD label) x whole GPUs plus its MIG slices."""
     status = node.get("status") or {}
     allocatable = status.get("allocatable") or status.get("capacity") or {}
     if GPU_MEMORY_RESOURCE in allocatable:
         return _count(allocatable[GPU_MEMORY_RESOURCE])
     if VOLCANO_VGPU_MEMORY in allocatable:
         return _count(allocatable[VOLCANO_VGPU_MEMORY])
+    # MIG slices, counted the way pods ask for them (the profile's GiB), so both sides agree.
+    mig = sum(int(m.group(2)) * 1024 * _count(v) for k, v in allocatable.items() if (m := _MIG.match(k)))
     per_gpu = per_gpu_memory_mib(node)
     labels = node.get("metadata", {}).get("labels") or {}
     if GPU_RESOURCE in allocatable:
@@ -89,7 +91,7 @@ def node_gpu_memory_mib(node: Mapping[str, Any]) -> int:
         gpus = _count(labels[GFD_COUNT_LABEL])
     else:
         gpus = 0
-    return per_gpu * gpus
+    return per_gpu * gpus + mig
 
 
 def node_is_usable(node: Mapping[str, Any]) -> bool:
