@@ -60,6 +60,7 @@ tool (
 \tk8s.io/kubernetes/cmd/kube-apiserver
 \tk8s.io/kubernetes/cmd/kube-controller-manager
 \tk8s.io/kubernetes/cmd/kube-scheduler
+\tk8s.io/kubernetes/cmd/kubectl
 )
 
 require k8s.io/kubernetes {version}
