@@ -1,0 +1,104 @@
+"""The autoscalers compared: the operator's own decision function and two baselines.
+
+``Operator`` calls ``chattts_operator.autoscaling.decide`` as the kopf handler does (same
+spec model, samples and history); nothing of it is re-implemented here. The baselines
+are written from their documented algorithms:
+- ``Hpa``: the HorizontalPodAutoscaler on the same wait quantile (an Object/External
+  metric with a Value target): ``ceil(current * metric / target)``, no change within a
+  10% tolerance, scale-down takes the highest recommendation of the last 300 s, and the
+  default scale-up policies (100% or 4 pods per 15 s, whichever is more).
+- ``Keda``: KEDA's Prometheus trigger as vLLM's production stack configures it, on
+  ``sum(vllm:num_requests_waiting)`` with threshold 5: KEDA hands the HPA an External
+  metric with an AverageValue target, so desired = ``ceil(total / 5)``, with the same HPA
+  tolerance, stabilization and policies.
+"""
+from __future__ import annotations
+
+import math
+
+from chattts_operator.api.autoscaling import AutoscalingSpec
+from chattts_operator.autoscaling import FleetSample, History, decide
+
+
+class Operator:
+    def __init__(self, spec: AutoscalingSpec, name: str = "operator"):
+        self.name = name
+        self.spec = spec
+        self.history = History()
+        self.samples: list[FleetSample] = []
+        self.decisions = []
+
+    def evaluate(self, now: float, current_replicas: int, sample: FleetSample) -> int:
+        horizon = max(self.spec.window_seconds, self.spec.staleness_seconds)
+        self.samples = [s for s in self.samples if now - s.time <= horizon] + [sample]
+        decision = decide(self.spec, current_replicas, self.samples, self.history, now)
+        self.history = decision.history
+        self.decisions.append(decision)
+        return decision.desired_replicas
+
+
+class _HpaCore:
+    """HPA's replica calculation for one metric, with its default behaviour."""
+
+    tolerance = 0.1
+    down_window = 300.0
+    up_policies = (("Percent", 100, 15.0), ("Pods", 4, 15.0))
+
+    def __init__(self, name: str, min_replicas: int, max_replicas: int):
+        self.name = name
+        self.min_replicas = min_replicas
+        self.max_replicas = max_replicas
+        self.recommendations: list[tuple[float, int]] = []
+        self.events: list[tuple[float, int]] = []
+
+    def _usage_ratio(self, current: int, sample: FleetSample) -> float:
+        raise NotImplementedError
+
+    def _raw(self, current: int, sample: FleetSample) -> int:
+        raise NotImplementedError
+
+    def evaluate(self, now: float, current: int, sample: FleetSample) -> int:
+        ratio = self._usage_ratio(current, sample)
+        raw = current if abs(ratio - 1.0) <= self.tolerance else self._raw(current, sample)
+        self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= self.down_window]
+        # Scale-up stabilization window is 0 s by default: only the newest counts.
+        down_rec = max([r for _, r in self.recommendations] + [raw])
+        self.recommendations.append((now, raw))
+        desired = min(max(current, raw), down_rec) if raw < current else raw
+        if desired > current:
+            self.events = [(t, c) for t, c in self.events if now - t < 15.0]
+            added = sum(c for _, c in self.events if c > 0)
+            start = current - added
+            allowed = max(
+                start + v if kind == "Pods" else math.ceil(start * (1 + v / 100.0))
+                for kind, v, _ in self.up_policies
+            )
+            desired = min(desired, max(allowed, current))
+        desired = max(self.min_replicas, min(self.max_replicas, desired))
+        if desired != current:
+            self.events.append((now, desired - current))
+        return desired
+
+
+class Hpa(_HpaCore):
+    def __init__(self, target_seconds: float, min_replicas: int, max_replicas: int):
+        super().__init__("HPA (wait quantile)", min_replicas, max_replicas)
+        self.target = target_seconds
+
+    def _usage_ratio(self, current, sample):
+        return (sample.wait_quantile or 0.0) / self.target
+
+    def _raw(self, current, sample):
+        return math.ceil(current * self._usage_ratio(current, sample))
+
+
+class Keda(_HpaCore):
+    def __init__(self, threshold: float, min_replicas: int, max_replicas: int):
+        super().__init__("KEDA (waiting > 5)", min_replicas, max_replicas)
+        self.threshold = threshold
+
+    def _usage_ratio(self, current, sample):
+        return (sample.requests_waiting or 0.0) / (self.threshold * max(current, 1))
+
+    def _raw(self, current, sample):
+        return math.ceil((sample.requests_waiting or 0.0) / self.threshold)

@@ -1,0 +1,89 @@
+"""Seeded load traces: request arrival times (non-homogeneous Poisson) and audio lengths."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FRAME_SECONDS = 0.0213  # one ChatTTS code frame is about 21.3 ms of 24 kHz audio
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    title: str
+    duration: float  # seconds
+    rate: np.ndarray  # requests per second, one value per second
+    arrivals: np.ndarray  # seconds, sorted
+    frames: np.ndarray  # decode steps per request
+
+
+def _arrivals(rate: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    counts = rng.poisson(rate)
+    seconds = np.repeat(np.arange(len(rate), dtype=float), counts)
+    return np.sort(seconds + rng.random(len(seconds)))
+
+
+def _frames(count: int, rng: np.random.Generator) -> np.ndarray:
+    # Paragraph-length speech: audio length log-normal, median 12 s, clipped to 1-60 s.
+    audio = np.clip(rng.lognormal(mean=np.log(12.0), sigma=0.5, size=count), 1.0, 60.0)
+    return np.ceil(audio / FRAME_SECONDS)
+
+
+def _smooth_noise(length: int, rng: np.random.Generator, scale: float, period: int = 300) -> np.ndarray:
+    """Multiplicative noise that drifts over minutes (AR(1) per second), mean 1."""
+    phi = 1.0 - 1.0 / period
+    eps = rng.normal(0.0, scale * np.sqrt(1 - phi * phi), size=length)
+    out = np.empty(length)
+    value = 0.0
+    for i in range(length):
+        value = phi * value + eps[i]
+        out[i] = value
+    return np.exp(out - scale * scale / 2)
+
+
+def diurnal(seed: int = 1, peak: float = 24.0) -> Trace:
+    """A day: quiet night, morning rise, midday plateau, evening peak, noise that drifts."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(24 * 3600) / 3600.0
+    shape = (
+        0.08
+        + 0.55 * np.exp(-((t - 10.5) / 2.2) ** 2)
+        + 0.45 * np.exp(-((t - 14.5) / 2.5) ** 2)
+        + 0.85 * np.exp(-((t - 20.0) / 1.8) ** 2)
+    )
+    rate = peak * shape / shape.max() * _smooth_noise(len(t), rng, 0.12)
+    arrivals = _arrivals(rate, rng)
+    return Trace("diurnal", "diurnal day (24 h)", float(len(t)), rate, arrivals, _frames(len(arrivals), rng))
+
+
+def bursts(seed: int = 2, base: float = 6.0) -> Trace:
+    """Three hours at a steady base with sudden bursts of 2.5-4x lasting 4-15 minutes."""
+    rng = np.random.default_rng(seed)
+    length = 3 * 3600
+    rate = np.full(length, base) * _smooth_noise(length, rng, 0.08)
+    start = 600
+    while start < length - 900:
+        span = int(rng.uniform(240, 900))
+        rate[start : start + span] *= rng.uniform(2.5, 4.0)
+        start += span + int(rng.uniform(900, 2400))
+    arrivals = _arrivals(rate, rng)
+    return Trace("bursts", "sudden bursts (3 h)", float(length), rate, arrivals, _frames(len(arrivals), rng))
+
+
+def ramp(seed: int = 3, low: float = 2.0, high: float = 24.0) -> Trace:
+    """Four hours: a slow ramp from low to high over 2.5 h, a plateau, then back down."""
+    rng = np.random.default_rng(seed)
+    length = 4 * 3600
+    t = np.arange(length, dtype=float)
+    up, plateau = 2.5 * 3600, 0.75 * 3600
+    shape = np.where(
+        t < up, low + (high - low) * t / up,
+        np.where(t < up + plateau, high, high - (high - low) * (t - up - plateau) / (length - up - plateau)),
+    )
+    rate = shape * _smooth_noise(length, rng, 0.06)
+    arrivals = _arrivals(rate, rng)
+    return Trace("ramp", "slow ramp up and down (4 h)", float(length), rate, arrivals, _frames(len(arrivals), rng))
+
+
+ALL = (diurnal, bursts, ramp)

@@ -1,0 +1,356 @@
+"""The autoscaling decision: a pure function of (spec, replicas, samples, history, now, cap).
+
+Baseline semantics are the HorizontalPodAutoscaler's (tolerance, stabilization windows
+that take the lowest recent recommendation for scale-up and the highest for scale-down,
+Pods/Percent rate policies, min/max clamp). What differs is how the raw recommendation
+is computed, because the metric is a queueing delay and not a utilization:
+
+- A wait quantile is ~0 at any load the fleet can carry and explodes past saturation, so
+  HPA's ``ceil(current * metric / target)`` sends an idle-looking fleet to minReplicas and
+  a saturated one to many times what it needs.
+- The runtime also exports how many requests each pod runs and holds waiting, and how
+  many it can run at once (its batch slots). Requests in flight behave like the busy
+  servers of an M/G/infinity system: their count is Poisson, so a replica with ``s`` slots
+  keeps the chosen wait quantile at ~0 while its mean in-flight load ``x`` satisfies
+  ``P(Poisson(x) >= s) <= 1 - quantile`` (per replica, because the Service spreads
+  requests at random; a square-root staffing rule). Desired replicas are the fleet's
+  demand divided by that per-replica load, with demand taken as the larger of its
+  window mean and a one-window linear extrapolation (new replicas need time to start).
+- The measured wait stays the feedback signal: while it is above target the fleet grows
+  at least by what the backlog needs (``current * (running + waiting) / running``) and by
+  one replica, whatever the sizing says (the slot count might be wrong); a scale-down is
+  never recommended while the wait is above target.
+- Without queue metrics (e.g. a Prometheus query returning only the wait) the decision
+  falls back to HPA's ratio on the wait quantile.
+
+Missing, stale or NaN metrics hold the current replicas (only the min/max/cap clamp
+still applies), and pods that did not answer block scale-down, never scale-up.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from chattts_operator.api.autoscaling import AutoscalingSpec, ScalingRules, format_duration
+
+
+@dataclass(frozen=True)
+class FleetSample:
+    """What the metric readers saw at ``time`` (epoch seconds).
+
+    ``wait_quantile`` is the chosen quantile of scheduler_deadline_wait over the
+    evaluation window, in seconds: NaN or None when unknown. ``observed_requests`` is how
+    many requests the window's histogram holds (0 with a known 0 wait means idle; None
+    when the source cannot tell). The queue fields are sums over the pods that answered;
+    ``slots_per_replica`` is how many requests one replica runs at once (maxNumSeqs)."""
+
+    time: float
+    wait_quantile: float | None
+    observed_requests: float | None = None
+    ready_replicas: int = 0
+    unreachable_replicas: int = 0
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    slots_per_replica: float | None = None
+
+    @property
+    def demand(self) -> float | None:
+        """Requests in flight across the fleet (running + waiting), if known."""
+        if self.requests_running is None or self.requests_waiting is None:
+            return None
+        if not (math.isfinite(self.requests_running) and math.isfinite(self.requests_waiting)):
+            return None
+        return self.requests_running + self.requests_waiting
+
+
+@dataclass(frozen=True)
+class History:
+    """What must persist between evaluations (the handler keeps it in status).
+
+    ``recommendations`` are (time, replicas) raw recommendations for the stabilization
+    windows; ``scale_events`` are (time, change) replica changes for the rate policies."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    scale_events: tuple[tuple[float, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired_replicas: int
+    reason: str
+    message: str
+    metric_value: float | None
+    # False when the metric was missing/stale/NaN: the decision is a hold.
+    metric_ok: bool
+    # Why the result differs from the raw recommendation, if it does: "", "MinReplicas",
+    # "MaxReplicas", "GPUShare", "ScaleUpPolicy", "ScaleDownPolicy", "Stabilized".
+    limited_by: str
+    raw_recommendation: int | None
+    history: History = field(default_factory=History)
+
+
+
+def per_replica_load_limit(slots: float, quantile: float) -> float:
+    """Mean in-flight requests per replica that keeps the chosen wait quantile at ~0.
+
+    A request waits only when it reaches a replica whose slots are all busy; with a
+    Poisson number of requests in flight (mean x) that happens with probability
+    P(N >= slots). The largest x with P(N >= slots) <= 1 - quantile, found by bisection."""
+    if not slots > 0:
+        raise ValueError(f"slots must be positive, got {slots}")
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    whole = max(int(math.floor(slots)), 1)
+    allowed = 1.0 - quantile
+
+    def tail(mean: float) -> float:  # P(N >= whole), N ~ Poisson(mean)
+        term = math.exp(-mean)
+        cdf = term
+        for k in range(1, whole):
+            term *= mean / k
+            cdf += term
+        return max(0.0, 1.0 - cdf)
+
+    low, high = 0.0, float(whole)
+    for _ in range(60):
+        mid = (low + high) / 2.0
+        if tail(mid) <= allowed:
+            low = mid
+        else:
+            high = mid
+    return max(low, 1e-6)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _fresh_samples(samples: Sequence[FleetSample], now: float, staleness: float) -> list[FleetSample]:
+    # A sample from the future (clock skew beyond a second) is as untrustworthy as a stale one.
+    return [s for s in samples if now - staleness <= s.time <= now + 1.0]
+
+
+def fleet_demand(samples: Sequence[FleetSample]) -> tuple[float, float] | None:
+    """Requests in flight the fleet must carry, as a (low, high) pair of estimates.
+
+    Gauges read at one instant are noisy (Poisson), so growth needs the window mean and
+    the newest sample to agree (low = the smaller), and shrinking needs both to allow it
+    (high = the larger). A newest sample above the mean by more than Poisson noise means
+    a burst has begun: both estimates follow it at once (new replicas take minutes)."""
+    values = [s.demand for s in samples if s.demand is not None]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    latest = values[-1]
+    if latest > mean + 3.0 * math.sqrt(max(mean, 1.0)):
+        return latest, latest
+    return min(mean, latest), max(mean, latest)
+
+
+def raw_recommendation(
+    spec: AutoscalingSpec, current: int, samples: Sequence[FleetSample]
+) -> tuple[int, str]:
+    """The unclamped replica count the metrics ask for, and the why.
+
+    ``samples`` are the fresh samples of the evaluation window, oldest first."""
+    latest = samples[-1]
+    target = spec.target_seconds
+    wait = latest.wait_quantile if _finite(latest.wait_quantile) else 0.0
+    ratio = wait / target
+    above = ratio > 1.0 + spec.tolerance
+    demand = fleet_demand(samples)
+    slots = latest.slots_per_replica
+
+    if demand is None or not _finite(slots) or slots <= 0:
+        # HPA semantics on the wait quantile.
+        if abs(ratio - 1.0) <= spec.tolerance:
+            return current, f"wait {format_duration(wait)} within tolerance of target"
+        return math.ceil(current * ratio), f"wait {format_duration(wait)} vs target (HPA ratio {ratio:.2f})"
+
+    low, high = demand
+    limit = per_replica_load_limit(slots, spec.quantile)
+    needed = math.ceil(low / limit - 1e-9)
+    why = f"{low:.1f}-{high:.1f} requests in flight, {limit:.1f} per replica keeps p{spec.quantile * 100:g} wait under target"
+    if above:
+        # The sizing may be wrong (slots, routing): the backlog says what the Ready
+        # replicas lack. Replicas still starting count as help on the way.
+        ready = latest.ready_replicas
+        running = latest.requests_running or 0.0
+        backlog = math.ceil(ready * (latest.demand or 0.0) / running) if running > 0 and ready > 0 else current + 1
+        recommended = max(math.ceil(high / limit - 1e-9), backlog)
+        if recommended <= current and ready >= current:
+            recommended = current + 1
+        return max(recommended, current), f"wait {format_duration(wait)} above target; {why}"
+    if needed > current:
+        return needed, why
+    # Shrink only past a hysteresis band of `tolerance` extra demand, and never at the
+    # knee (wait near target): one replica less would push the wait over.
+    shrink_to = math.ceil(high * (1.0 + spec.tolerance) / limit - 1e-9)
+    if shrink_to < current and ratio <= 1.0 - spec.tolerance:
+        return shrink_to, why
+    return current, f"holding: {why}"
+
+
+def _stabilize(
+    current: int, recommendation: int, now: float, history: History, up: ScalingRules, down: ScalingRules
+) -> int:
+    """HPA's stabilization: the lowest recommendation of the up window, the highest of the down window."""
+    up_window = [r for t, r in history.recommendations if now - t <= up.stabilization_window_seconds]
+    down_window = [r for t, r in history.recommendations if now - t <= down.stabilization_window_seconds]
+    up_recommendation = min(up_window + [recommendation])
+    down_recommendation = max(down_window + [recommendation])
+    result = current
+    if result < up_recommendation:
+        result = up_recommendation
+    if result > down_recommendation:
+        result = down_recommendation
+    return result
+
+
+def _rate_limit(current: int, desired: int, now: float, history: History, rules: ScalingRules, up: bool) -> int:
+    """HPA's rate policies: what the policies allow relative to the replicas at each period's start."""
+    if desired == current:
+        return desired
+    if rules.select_policy == "Disabled":
+        return current
+    if not rules.policies:
+        return desired
+    proposals = []
+    for policy in rules.policies:
+        changed = sum(
+            change for t, change in history.scale_events
+            if now - t < policy.period_seconds and (change > 0) == up and change != 0
+        )
+        start = current - changed  # for down-scaling `changed` is negative: start is larger
+        if up:
+            proposals.append(
+                start + policy.value if policy.type == "Pods" else math.ceil(start * (1 + policy.value / 100.0))
+            )
+        else:
+            proposals.append(
+                start - policy.value if policy.type == "Pods" else math.floor(start * (1 - policy.value / 100.0))
+            )
+    if up:
+        allowed = max(proposals) if rules.select_policy == "Max" else min(proposals)
+        return min(desired, max(allowed, current))
+    allowed = min(proposals) if rules.select_policy == "Max" else max(proposals)
+    return max(desired, min(allowed, current))
+
+
+def _prune(history: History, now: float, spec: AutoscalingSpec) -> History:
+    behavior = spec.behavior
+    keep_recs = max(behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds)
+    keep_events = max(
+        [p.period_seconds for p in behavior.scale_up.policies + behavior.scale_down.policies] or [0]
+    )
+    return History(
+        recommendations=tuple((t, r) for t, r in history.recommendations if now - t <= keep_recs),
+        scale_events=tuple((t, c) for t, c in history.scale_events if now - t < keep_events),
+    )
+
+
+def decide(
+    spec: AutoscalingSpec,
+    current_replicas: int,
+    samples: Sequence[FleetSample],
+    history: History,
+    now: float,
+    cap: int | None = None,
+) -> Decision:
+    """Desired replicas for one evaluation.
+
+    ``samples`` are the recent fleet samples, oldest first (the last is the newest);
+    ``cap`` is the most replicas the GPU rebalancing schedule allows now (None: no cap).
+    The returned history replaces the given one."""
+    if current_replicas < 0:
+        raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
+    if spec.max_replicas is None:
+        raise ValueError("autoscaling.maxReplicas is required to decide")
+    upper = spec.max_replicas if cap is None else min(spec.max_replicas, cap)
+    lower = min(spec.min_replicas, upper)
+    history = _prune(history, now, spec)
+
+    def clamp(value: int) -> tuple[int, str]:
+        if value > upper:
+            return upper, ("GPUShare" if cap is not None and cap < spec.max_replicas else "MaxReplicas")
+        if value < lower:
+            return lower, "MinReplicas"
+        return value, ""
+
+    fresh = _fresh_samples(samples, now, spec.staleness_seconds)
+    latest = fresh[-1] if fresh else None
+    problem = None
+    if not samples:
+        problem = ("HoldMissingMetric", "no metric sample yet")
+    elif latest is None:
+        age = now - samples[-1].time
+        problem = ("HoldStaleMetric", f"newest sample is {format_duration(max(age, 0.0))} old (staleness {spec.staleness})")
+    elif latest.wait_quantile is None or not math.isfinite(latest.wait_quantile):
+        if latest.observed_requests == 0 and latest.unreachable_replicas == 0:
+            latest = FleetSample(**{**latest.__dict__, "wait_quantile": 0.0})  # idle: no request to wait
+            fresh[-1] = latest
+        else:
+            problem = ("HoldInvalidMetric", "wait quantile is missing or NaN")
+    elif latest.wait_quantile < 0:
+        problem = ("HoldInvalidMetric", f"wait quantile is negative ({latest.wait_quantile})")
+
+    if problem is not None:
+        held, limited = clamp(current_replicas)
+        reason, message = problem
+        if held != current_replicas:
+            reason = "ScaleUp" if held > current_replicas else "ScaleDown"
+            message += f"; clamped to {limited}"
+        return Decision(
+            desired_replicas=held, reason=reason, message=message + "; holding replicas",
+            metric_value=None, metric_ok=False, limited_by=limited, raw_recommendation=None,
+            history=_record(history, now, None, current_replicas, held),
+        )
+
+    assert latest is not None
+    in_window = [s for s in fresh if now - s.time <= spec.window_seconds] or [latest]
+    recommendation, why = raw_recommendation(spec, current_replicas, in_window)
+    if recommendation < current_replicas and latest.unreachable_replicas > 0:
+        recommendation = current_replicas
+        why += f"; {latest.unreachable_replicas} pod(s) did not answer: no scale-down"
+
+    behavior = spec.behavior
+    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up, behavior.scale_down)
+    limited_by = "Stabilized" if stabilized != recommendation else ""
+    if stabilized > current_replicas:
+        limited_value = _rate_limit(current_replicas, stabilized, now, history, behavior.scale_up, up=True)
+        if limited_value != stabilized:
+            limited_by = "ScaleUpPolicy"
+    elif stabilized < current_replicas:
+        limited_value = _rate_limit(current_replicas, stabilized, now, history, behavior.scale_down, up=False)
+        if limited_value != stabilized:
+            limited_by = "ScaleDownPolicy"
+    else:
+        limited_value = stabilized
+    desired, clamp_reason = clamp(limited_value)
+    limited_by = clamp_reason or limited_by
+
+    if desired > current_replicas:
+        reason = "ScaleUp"
+    elif desired < current_replicas:
+        reason = "ScaleDown"
+    else:
+        reason = "HoldStable"
+    message = f"recommended {recommendation}: {why}"
+    if limited_by:
+        message += f"; limited by {limited_by}"
+    return Decision(
+        desired_replicas=desired, reason=reason, message=message, metric_value=latest.wait_quantile,
+        metric_ok=True, limited_by=limited_by, raw_recommendation=recommendation,
+        history=_record(history, now, recommendation, current_replicas, desired),
+    )
+
+
+def _record(history: History, now: float, recommendation: int | None, current: int, desired: int) -> History:
+    recommendations = history.recommendations
+    if recommendation is not None:
+        recommendations = recommendations + ((now, recommendation),)
+    events = history.scale_events
+    if desired != current:
+        events = events + ((now, desired - current),)
+    return History(recommendations=recommendations, scale_events=events)
