@@ -11,13 +11,13 @@ they are:
   ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``).
 
 The forward pass is written here over the Llama modules (not ``LlamaModel.forward``)
-so that the reference engine owns its KV cache layout: per-layer tensors of shape
-``[batch, kv_heads, length, head_dim]`` with a boolean validity mask for left padding,
-which lets requests join and leave a running batch between steps.
+so that the reference engine owns its KV cache layout (``engines/kvcache.py``): per-layer
+tensors ``[batch, kv_heads, length, head_dim]`` with a boolean validity mask for left
+padding, which lets requests join and leave a running batch between steps.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +82,13 @@ def build_llama_body(sizes: GPTSizes, dtype: torch.dtype = torch.float32) -> nn.
     return body
 
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+class KVCache(Protocol):
+    valid: torch.Tensor
+    length: int
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, t: int) -> None: ...
 
 
 class ChatTTSGPT(nn.Module):
@@ -106,25 +112,26 @@ class ChatTTSGPT(nn.Module):
         self,
         inputs_embeds: torch.Tensor,
         position_ids: torch.Tensor,
-        past: KVCache | None,
-        attn_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, KVCache]:
-        """Run the body over new positions.
+        cache: "KVCache",
+    ) -> torch.Tensor:
+        """Run the body over ``T`` new positions of each row and extend ``cache`` by them.
 
-        inputs_embeds ``[B, T, H]``; position_ids ``[B, T]``; past: per layer (k, v) of
-        ``[B, kv_heads, S, head_dim]`` or None; attn_mask: bool ``[B, 1, T, S + T]`` (True =
-        may attend). Returns the final-normed hidden states ``[B, T, H]`` and the cache
-        extended by the T new positions.
+        inputs_embeds ``[B, T, H]``; position_ids ``[B, T]``; ``cache`` holds the rows'
+        earlier positions (see ``engines.kvcache.BatchKVCache``: ``valid [B, S]`` marks
+        real columns, ``append(layer, k, v)`` stores new keys and returns all of them).
+        Returns the final-normed hidden states ``[B, T, H]``.
         """
         s = self.sizes
         llama = self.llama
         h = inputs_embeds.to(self.dtype)
+        bsz, t, _ = h.shape
+        causal = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
+        attn_mask = torch.cat((cache.valid[:, None, None, :].expand(bsz, 1, t, cache.length),
+                               causal.expand(bsz, 1, t, t)), dim=-1)
         cos, sin = llama.rotary_emb(h, position_ids)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
 
-        bsz, t, _ = h.shape
         groups = s.num_attention_heads // s.num_key_value_heads
-        new_cache: KVCache = []
         for idx, layer in enumerate(llama.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -132,17 +139,15 @@ class ChatTTSGPT(nn.Module):
             k = attn.k_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if past is not None:
-                k = torch.cat((past[idx][0], k), dim=2)
-                v = torch.cat((past[idx][1], v), dim=2)
-            new_cache.append((k, v))
+            k, v = cache.append(idx, k, v)
             if groups > 1:
                 k = k.repeat_interleave(groups, dim=1)
                 v = v.repeat_interleave(groups, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return llama.norm(h), new_cache
+        cache.advance(t)
+        return llama.norm(h)
 
     def prompt_embeds(self, input_ids: Sequence[int], speaker: torch.Tensor | None,
                       speaker_token_id: int | None) -> torch.Tensor:

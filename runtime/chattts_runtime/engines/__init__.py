@@ -1,0 +1,1 @@
+"""Generation engines behind the speech API (interface in ``base``)."""

@@ -1,0 +1,142 @@
+"""The engine interface: submit a synthesis request, stream audio-code frames out.
+
+An engine turns a prompt (token ids + optional speaker vector) into ChatTTS frames
+(4 codes each, plus the GPT hidden state when asked) and streams them as they are
+produced. The speech API owns text handling, decoding to audio and HTTP; an engine
+owns scheduling and generation. Two implementations: ``reference`` (PyTorch, this
+package) and ``vllm`` (``engines/vllm*``).
+
+Contract every engine keeps:
+
+* ``submit()`` is non-blocking and raises :class:`QueueFull` when ``max_waiting``
+  requests already wait; otherwise it returns an async iterator of :class:`FrameChunk`.
+  The last chunk has ``finished=True`` and a ``finish_reason``.
+* The engine calls ``observer.on_scheduled(request, wait_seconds)`` exactly once per
+  request, when it first runs it: ``wait_seconds`` is the *scheduler deadline wait*
+  (arrival -> first engine step that includes the request), exported as
+  ``vllm:scheduler_deadline_wait_seconds``. It calls ``observer.on_step(batch_size)``
+  after each generation step.
+* ``num_waiting`` / ``num_running`` are cheap to read from the event loop.
+* Greedy (``temperature == 0``) output of one request does not depend on what else is
+  batched with it (tests compare codes token for token).
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class QueueFull(EngineError):
+    """Too many requests are waiting; the caller should retry after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, retry_after: float = 1.0):
+        super().__init__(f"{waiting} requests are already waiting")
+        self.retry_after = retry_after
+
+
+class EngineStopped(EngineError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """ChatTTS code sampling. ``temperature == 0`` means greedy (deterministic)."""
+
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    repetition_window: int = 16
+    max_new_frames: int = 2048
+    min_new_frames: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 = off)")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.max_new_frames < 1:
+            raise ValueError("max_new_frames must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SynthesisRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    speaker: np.ndarray | None  # float32 [hidden]; None = no speaker conditioning
+    params: SamplingParams = field(default_factory=SamplingParams)
+    arrival: float = field(default_factory=time.monotonic)
+    want_hidden: bool = False  # stream GPT hidden states too (decoder audio path)
+
+
+@dataclass
+class FrameChunk:
+    codes: np.ndarray  # int64 [n, num_vq]; n may be 0 on the final chunk
+    hidden: np.ndarray | None = None  # float32 [n, hidden] when requested
+    finished: bool = False
+    finish_reason: str | None = None  # "eos" | "length" | "aborted" | "error"
+    error: str | None = None
+
+
+class SchedulerObserver(Protocol):
+    def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None: ...
+
+    def on_step(self, batch_size: int) -> None: ...
+
+
+class NullObserver:
+    def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
+        pass
+
+    def on_step(self, batch_size: int) -> None:
+        pass
+
+
+class Engine(abc.ABC):
+    """Base class: see the module docstring for the contract."""
+
+    name: str = "engine"
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load/warm up; returns when the engine can serve."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Abort what is still running and release resources."""
+
+    @abc.abstractmethod
+    def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
+        """Queue a request; raises QueueFull or EngineStopped at once."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Drop a request (client went away); its iterator ends with finish_reason 'aborted'."""
+
+    @property
+    @abc.abstractmethod
+    def num_waiting(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def num_running(self) -> int: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name}

@@ -1,0 +1,289 @@
+"""The PyTorch reference engine: continuous batching over one KV cache, frames streamed out.
+
+One worker thread owns the model. Each iteration it admits waiting requests (up to
+``max_num_seqs`` running), prefills each newcomer alone (its first frame comes out of
+the prefill), then runs one decode step for every running request together. Rows join
+and leave the batch between steps, so a new request waits at most one step plus the
+prefills ahead of it. Frames go to the request's asyncio queue as soon as they exist.
+
+Torch releases the GIL inside kernels, so the event loop (HTTP, metrics) stays live
+while the worker computes.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import numpy as np
+import torch
+
+from chattts_runtime.engines.base import (
+    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SamplingParams,
+    SchedulerObserver, SynthesisRequest)
+from chattts_runtime.engines.kvcache import BatchKVCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Sequence:
+    request: SynthesisRequest
+    generator: torch.Generator | None = None
+    frames: list[np.ndarray] = field(default_factory=list)
+    last_codes: torch.Tensor | None = None  # [num_vq] long, fed at the next step
+    position: int = 0  # position id of the next input
+    done: bool = False
+
+
+def sample_codes(logits: torch.Tensor, seqs: list[_Sequence], eos: int) -> torch.Tensor:
+    """``logits [B, num_vq, V]`` float32 -> codes ``[B, num_vq]`` following each request's params."""
+    out = logits.argmax(dim=-1)
+    for row, seq in enumerate(seqs):
+        p: SamplingParams = seq.request.params
+        n = len(seq.frames)
+        if p.greedy and n >= p.min_new_frames:
+            continue
+        scores = logits[row].clone()
+        if n < p.min_new_frames:
+            scores[:, eos] = -torch.inf
+        if p.greedy:
+            out[row] = scores.argmax(dim=-1)
+            continue
+        scores /= p.temperature
+        if p.repetition_penalty != 1.0 and n:
+            recent = torch.from_numpy(np.stack(seq.frames[-p.repetition_window:])).to(scores.device)
+            freq = torch.zeros_like(scores)
+            freq.scatter_add_(1, recent.t().contiguous(), torch.ones_like(recent.t(), dtype=scores.dtype))
+            freq[:, eos] = 0  # the end code is never penalised
+            alpha = torch.pow(torch.tensor(p.repetition_penalty, dtype=scores.dtype), freq)
+            scores = torch.where(scores < 0, scores * alpha, scores / alpha)
+        if p.top_k and p.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, p.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, -torch.inf)
+        if p.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+            cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+            drop = cum - sorted_scores.softmax(dim=-1) > p.top_p  # keep the token that crosses top_p
+            scores = scores.masked_fill(drop.scatter(1, order, drop), -torch.inf)
+        probs = scores.softmax(dim=-1)
+        out[row] = torch.multinomial(probs, 1, generator=seq.generator).squeeze(-1)
+    return out
+
+
+class ReferenceEngine(Engine):
+    name = "reference"
+
+    def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256,
+                 max_model_len: int = 2048, observer: SchedulerObserver | None = None):
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.max_model_len = max_model_len
+        self.observer = observer or NullObserver()
+        sizes = model.sizes.gpt
+        self._eos = sizes.audio_eos
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._running: list[_Sequence] = []
+        self._aborted: set[str] = set()
+        self._streams: dict[str, asyncio.Queue[FrameChunk]] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cache = self._new_cache()
+        self.steps = 0
+
+    def _new_cache(self, rows: int = 0) -> BatchKVCache:
+        g = self.model.sizes.gpt
+        return BatchKVCache(g.num_hidden_layers, g.num_key_value_heads, g.head_dim, self.model.gpt.dtype,
+                            self.model.device, rows=rows)
+
+    # -- the event-loop side -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._worker, name="chattts-reference-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        for rid, queue in list(self._streams.items()):
+            queue.put_nowait(FrameChunk(np.zeros((0, self.model.sizes.gpt.num_vq), np.int64), finished=True,
+                                        finish_reason="aborted"))
+        self._streams.clear()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "max_num_seqs": self.max_num_seqs, "max_waiting": self.max_waiting,
+                "max_model_len": self.max_model_len}
+
+    def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
+        if self._loop is None:
+            raise EngineError("engine not started")
+        if len(request.prompt_ids) + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        queue: asyncio.Queue[FrameChunk] = asyncio.Queue()
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("engine is stopping")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(len(self._waiting), retry_after=1.0)
+            if request.request_id in self._streams:
+                raise EngineError(f"duplicate request id {request.request_id}")
+            self._streams[request.request_id] = queue
+            seq = _Sequence(request)
+            if not request.params.greedy:
+                seq.generator = torch.Generator(device="cpu")
+                seq.generator.manual_seed(request.params.seed if request.params.seed is not None
+                                          else int(np.random.SeedSequence().entropy % (2**63)))
+            self._waiting.append(seq)
+            self._cond.notify()
+        return self._stream(request.request_id, queue)
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue[FrameChunk]) -> AsyncIterator[FrameChunk]:
+        finished = False
+        try:
+            while not finished:
+                chunk = await queue.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(request_id)
+            self._streams.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborted.add(request_id)
+            self._cond.notify()
+
+    def _deliver(self, events: list[tuple[str, FrameChunk]]) -> None:
+        for rid, chunk in events:
+            queue = self._streams.get(rid)
+            if queue is not None:
+                queue.put_nowait(chunk)
+
+    # -- the worker thread ---------------------------------------------------------------
+
+    def _worker(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._waiting and not self._running and not self._aborted:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    aborted, self._aborted = self._aborted, set()
+                    if aborted:
+                        self._waiting = collections.deque(s for s in self._waiting
+                                                          if s.request.request_id not in aborted)
+                    admitted = []
+                    while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
+                        admitted.append(self._waiting.popleft())
+                events: list[tuple[str, FrameChunk]] = []
+                try:
+                    for seq in self._running:
+                        if seq.request.request_id in aborted:
+                            seq.done = True
+                            events.append((seq.request.request_id, self._final(seq, "aborted")))
+                    self._drop_finished()
+                    for seq in admitted:
+                        self._prefill(seq, events)
+                    self._drop_finished()
+                    if self._running:
+                        self._decode_step(events)
+                        self._drop_finished()
+                except Exception as err:  # keep serving: fail what was in flight, start clean
+                    log.exception("generation step failed")
+                    for seq in self._running + [s for s in admitted if s not in self._running]:
+                        if not seq.done:
+                            seq.done = True
+                            events.append((seq.request.request_id,
+                                           FrameChunk(self._empty(), finished=True, finish_reason="error",
+                                                      error=str(err))))
+                    self._running = []
+                    self._cache = self._new_cache()
+                if events and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._deliver, events)
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
+
+    def _final(self, seq: _Sequence, reason: str) -> FrameChunk:
+        return FrameChunk(self._empty(), None, finished=True, finish_reason=reason)
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, s in enumerate(self._running) if not s.done]
+        if len(keep) != len(self._running):
+            self._cache.keep_rows(keep)
+            self._running = [self._running[i] for i in keep]
+
+    def _prefill(self, seq: _Sequence, events: list[tuple[str, FrameChunk]]) -> None:
+        req = seq.request
+        self.observer.on_scheduled(req, time.monotonic() - req.arrival)
+        model = self.model
+        speaker = torch.from_numpy(req.speaker) if req.speaker is not None else None
+        embeds = model.gpt.prompt_embeds(req.prompt_ids, speaker, model.tokenizer.spk_emb_id)
+        t = embeds.shape[1]
+        cache = self._new_cache(rows=1)
+        positions = torch.arange(t, device=model.device).unsqueeze(0)
+        hidden = model.gpt.forward_step(embeds, positions, cache)[:, -1]
+        seq.position = t
+        self.observer.on_step(1)
+        self._running.append(seq)
+        self._cache.add_rows(cache)
+        self._emit(seq, hidden[0], model.gpt.embed.code_logits(hidden)[0:1], events)
+
+    def _decode_step(self, events: list[tuple[str, FrameChunk]]) -> None:
+        model = self.model
+        seqs = self._running
+        codes = torch.stack([s.last_codes for s in seqs]).to(model.device)
+        embeds = model.gpt.embed.embed_codes(codes).unsqueeze(1)
+        positions = torch.tensor([[s.position] for s in seqs], device=model.device)
+        hidden = model.gpt.forward_step(embeds, positions, self._cache)[:, 0]
+        self.steps += 1
+        self.observer.on_step(len(seqs))
+        logits = model.gpt.embed.code_logits(hidden)
+        next_codes = sample_codes(logits, seqs, self._eos)
+        for row, seq in enumerate(seqs):
+            seq.position += 1
+            self._accept(seq, next_codes[row], hidden[row], events)
+
+    def _emit(self, seq: _Sequence, hidden: torch.Tensor, logits: torch.Tensor,
+              events: list[tuple[str, FrameChunk]]) -> None:
+        codes = sample_codes(logits, [seq], self._eos)[0]
+        self._accept(seq, codes, hidden, events)
+
+    def _accept(self, seq: _Sequence, codes: torch.Tensor, hidden: torch.Tensor,
+                events: list[tuple[str, FrameChunk]]) -> None:
+        rid = seq.request.request_id
+        if bool((codes == self._eos).any()):
+            seq.done = True
+            events.append((rid, self._final(seq, "eos")))
+            return
+        frame = codes.cpu().numpy().astype(np.int64)
+        seq.frames.append(frame)
+        seq.last_codes = codes
+        params = seq.request.params
+        length_done = len(seq.frames) >= params.max_new_frames or seq.position + 1 > self.max_model_len
+        hid = hidden.float().cpu().numpy()[None] if seq.request.want_hidden else None
+        seq.done = length_done
+        events.append((rid, FrameChunk(frame[None], hid, finished=length_done,
+                                       finish_reason="length" if length_done else None)))
