@@ -91,8 +91,24 @@ class ServerSettings(_Strict):
     shutdown_grace_seconds: float = Field(30.0, ge=0)
 
 
+class GenerationSettings(_Strict):
+    """Defaults for audio-code sampling and streaming (ChatTTS's own defaults)."""
+
+    temperature: float = Field(0.3, ge=0.0, le=2.0, description="0 = greedy (deterministic).")
+    top_p: float = Field(0.7, gt=0.0, le=1.0)
+    top_k: int = Field(20, ge=0, description="0 = off.")
+    repetition_penalty: float = Field(1.05, gt=0.0)
+    max_new_frames: int = Field(2048, ge=1, description="Frames per request (one frame = 21.3 ms of audio).")
+    seed: int | None = Field(None, description="Fixed sampling seed; None = random per request.")
+    stream_chunk_frames: int = Field(24, ge=1, description="Frames decoded to audio per streamed chunk.")
+    audio_decoder: Literal["dvae", "decoder"] = Field(
+        "dvae", description="dvae: audio from codes; decoder: from GPT hidden states (reference engine only).")
+    warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
+
+
 class RuntimeConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
     engine_kind: EngineKind = EngineKind.VLLM
     engine: EngineSettings = Field(default_factory=EngineSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
