@@ -34,6 +34,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .common import Condition
+
 GROUP = "tts.chattts.io"
 VERSION = "v1alpha1"
 KIND = "GPUSharePolicy"
@@ -207,9 +209,27 @@ class ScheduleWindow(_SpecModel):
 
 
 class LabelSelectorRequirement(_SpecModel):
-    key: str = Field(min_length=1, description="The label key.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.operator in ['In', 'NotIn']) || size(self.values) > 0",
+                    "message": "selector operators In and NotIn need values",
+                },
+                {
+                    "rule": "!(self.operator in ['Exists', 'DoesNotExist']) || size(self.values) == 0",
+                    "message": "selector operators Exists and DoesNotExist take no values",
+                },
+            ]
+        }
+    )
+
+    key: str = Field(min_length=1, max_length=317, description="The label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list, description="Values for In and NotIn.")
+    values: list[str] = Field(
+        default_factory=list, max_length=64, description="Values for In and NotIn.",
+        json_schema_extra={"items": {"type": "string", "maxLength": 63}},
+    )
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> "LabelSelectorRequirement":
@@ -318,15 +338,6 @@ class ActionRecord(_StatusModel):
     reason: str
 
 
-class Condition(_StatusModel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str = ""
-    observed_generation: int | None = None
-
-
 class GPUSharePolicyStatus(_StatusModel):
     observed_generation: int | None = None
     window: str = Field("", description="The window in force ('' outside every window: default shares).")
@@ -339,11 +350,18 @@ class GPUSharePolicyStatus(_StatusModel):
     last_actions: list[ActionRecord] = Field(
         default_factory=list, description=f"The last {MAX_ACTIONS_KEPT} suspends, resumes and scalings, newest last."
     )
-    conditions: list[Condition] = Field(default_factory=list)
+    overlaps: list[str] = Field(
+        default_factory=list, description="Pairs of windows that overlap this week ('a/b'): the overlap rule decides there."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
 
 
 class GPUSharePolicy(BaseModel):
-    """The whole object, for crdgen."""
+    """A GPU pool's daily schedule: the share of its GPU memory for online serving
+    (ChatTTSDeployments) and for offline Jobs, per time window."""
 
     model_config = ConfigDict(populate_by_name=True)
 
