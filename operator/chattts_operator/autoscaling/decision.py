@@ -104,12 +104,9 @@ def per_replica_load_limit(slots: float, quantile: float) -> float:
     whole = max(int(math.floor(slots)), 1)
     allowed = 1.0 - quantile
 
-    def tail(mean: float) -> float:  # P(N >= whole), N ~ Poisson(mean)
-        term = math.exp(-mean)
-        cdf = term
-        for k in range(1, whole):
-            term *= mean / k
-            cdf += term
+    def tail(mean: float) -> float:  # P(N >= whole), N ~ Poisson(mean), summed in log space
+        log_mean = math.log(mean) if mean > 0 else -math.inf
+        cdf = sum(math.exp(k * log_mean - mean - math.lgamma(k + 1)) for k in range(whole))
         return max(0.0, 1.0 - cdf)
 
     low, high = 0.0, float(whole)

@@ -1,0 +1,325 @@
+"""Table-driven tests of the pure autoscaling decision (no I/O, time injected)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from chattts_operator.api.autoscaling import AutoscalingSpec
+from chattts_operator.autoscaling import FleetSample, History, decide, per_replica_load_limit
+from chattts_operator.autoscaling.decision import fleet_demand
+
+NOW = 1_000_000.0
+SLOTS = 16.0
+LIMIT = per_replica_load_limit(SLOTS, 0.99)  # ~8.18 requests in flight per replica
+
+
+def spec(**overrides) -> AutoscalingSpec:
+    fields = {"enabled": True, "minReplicas": 1, "maxReplicas": 10, **overrides}
+    return AutoscalingSpec.model_validate(fields)
+
+
+def sample(
+    wait: float | None = 0.001,
+    running: float | None = 8.0,
+    waiting: float | None = 0.0,
+    *,
+    age: float = 0.0,
+    ready: int = 2,
+    unreachable: int = 0,
+    observed: float | None = 100.0,
+    slots: float | None = SLOTS,
+) -> FleetSample:
+    return FleetSample(
+        time=NOW - age, wait_quantile=wait, observed_requests=observed, ready_replicas=ready,
+        unreachable_replicas=unreachable, requests_running=running, requests_waiting=waiting,
+        slots_per_replica=slots,
+    )
+
+
+def steady(n: int = 4, **kwargs) -> list[FleetSample]:
+    """n samples 15 s apart, the newest at NOW."""
+    return [
+        FleetSample(**{**sample(**kwargs).__dict__, "time": NOW - 15.0 * (n - 1 - i)}) for i in range(n)
+    ]
+
+
+# --- the load limit -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slots", [1, 4, 16, 64, 256, 4096])
+def test_load_limit_keeps_the_poisson_tail_below_one_minus_quantile(slots):
+    x = per_replica_load_limit(slots, 0.99)
+    tail = 1.0 - sum(math.exp(k * math.log(x) - x - math.lgamma(k + 1)) for k in range(slots))
+    assert 0 < x < slots
+    assert tail == pytest.approx(0.01, abs=1e-6)
+
+
+def test_load_limit_grows_with_a_looser_quantile():
+    assert per_replica_load_limit(16, 0.9) > per_replica_load_limit(16, 0.99) > per_replica_load_limit(16, 0.999)
+
+
+@pytest.mark.parametrize("slots,quantile", [(0, 0.99), (-3, 0.99), (16, 0.0), (16, 1.0)])
+def test_load_limit_rejects_bad_input(slots, quantile):
+    with pytest.raises(ValueError):
+        per_replica_load_limit(slots, quantile)
+
+
+# --- missing, stale, NaN: hold ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "samples,current,reason",
+    [
+        ([], 3, "HoldMissingMetric"),
+        ([sample(age=121.0)], 3, "HoldStaleMetric"),  # staleness 2m
+        ([sample(age=-30.0)], 3, "HoldStaleMetric"),  # from the future: clock skew
+        ([sample(wait=float("nan"))], 3, "HoldInvalidMetric"),
+        ([sample(wait=None)], 3, "HoldInvalidMetric"),
+        ([sample(wait=-0.001)], 3, "HoldInvalidMetric"),
+        ([sample(wait=float("inf"))], 3, "HoldInvalidMetric"),
+        # NaN with an unknown request count (a Prometheus query): cannot tell idle from broken.
+        ([sample(wait=float("nan"), observed=None, running=0, waiting=0)], 3, "HoldInvalidMetric"),
+    ],
+)
+def test_bad_metrics_hold_replicas(samples, current, reason):
+    decision = decide(spec(), current, samples, History(), NOW)
+    assert decision.desired_replicas == current
+    assert decision.reason == reason
+    assert decision.metric_ok is False
+    assert decision.raw_recommendation is None
+    assert decision.history.recommendations == ()  # a hold is no evidence for stabilization
+
+
+def test_stale_metrics_never_scale_down_even_far_above_need():
+    # Ten replicas, an hour-old sample that said "idle": hold, do not shrink.
+    decision = decide(spec(), 10, [sample(wait=0.0, running=0, age=3600)], History(), NOW)
+    assert decision.desired_replicas == 10
+
+
+@pytest.mark.parametrize(
+    "current,cap,expected,limited_by",
+    [(0, None, 1, "MinReplicas"), (12, None, 10, "MaxReplicas"), (8, 5, 5, "GPUShare")],
+)
+def test_hold_still_applies_bounds(current, cap, expected, limited_by):
+    decision = decide(spec(), current, [], History(), NOW, cap=cap)
+    assert decision.desired_replicas == expected
+    assert decision.limited_by == limited_by
+    assert decision.metric_ok is False
+
+
+def test_nan_wait_with_zero_observed_requests_is_idle_not_missing():
+    samples = steady(wait=float("nan"), observed=0.0, running=0.0, waiting=0.0)
+    decision = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4, samples, History(), NOW)
+    assert decision.metric_ok is True
+    assert decision.desired_replicas == 1
+
+
+def test_unreachable_pods_block_scale_down_but_not_scale_up():
+    down = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 6,
+                  steady(running=4.0, unreachable=1), History(), NOW)
+    assert down.desired_replicas == 6
+    assert "did not answer" in down.message
+    up = decide(spec(), 2, steady(running=40.0, ready=2, unreachable=1), History(), NOW)
+    assert up.desired_replicas > 2
+
+
+# --- sizing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "demand,current,expected",
+    [
+        (8.0, 1, 1),  # 8 < 8.18: one replica carries it
+        (9.0, 1, 2),
+        (40.0, 2, 4),  # scale-up policy: at most +100% or +4 per 15 s -> max(4, 6) = 6, needed 5
+        (40.0, 5, 5),
+        (80.0, 5, 9),  # needed ceil(80/8.18) = 10, policy: 5 + max(5, 4) = 10
+    ],
+)
+def test_scale_up_follows_demand_over_the_per_replica_limit(demand, current, expected):
+    needed = math.ceil(demand / LIMIT)
+    decision = decide(spec(), current, steady(running=demand, ready=current), History(), NOW)
+    assert decision.desired_replicas == min(max(needed, current), 10, current + max(current, 4))
+    if expected != current:
+        assert decision.reason == "ScaleUp"
+
+
+def test_wait_above_target_grows_even_when_the_sizing_says_enough():
+    # The slots figure is wrong (say the KV cache admits fewer): the wait decides.
+    samples = steady(wait=0.050, running=10.0, waiting=5.0, ready=3)
+    decision = decide(spec(), 3, samples, History(), NOW)
+    assert decision.reason == "ScaleUp"
+    assert decision.desired_replicas >= math.ceil(3 * 15.0 / 10.0)
+
+
+def test_wait_above_target_does_not_pile_up_while_replicas_start():
+    # 5 replicas asked, 3 ready; 40 in flight need 5: the ones starting are enough.
+    samples = steady(wait=0.050, running=30.0, waiting=10.0, ready=3)
+    decision = decide(spec(), 5, samples, History(), NOW)
+    assert decision.desired_replicas == 5
+
+
+def test_wait_above_target_never_scales_down():
+    samples = steady(wait=0.050, running=1.0, waiting=0.0, ready=6)
+    decision = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 6, samples, History(), NOW)
+    assert decision.desired_replicas >= 6
+
+
+def test_near_target_wait_blocks_scale_down():
+    samples = steady(wait=0.0048, running=4.0, waiting=0.0, ready=6)  # within tolerance of 5 ms
+    decision = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 6, samples, History(), NOW)
+    assert decision.desired_replicas == 6
+
+
+def test_shrink_needs_a_margin_over_the_tolerance_band():
+    # Demand 24.0 fits 3 replicas (24.5) but not with the 10% band (26.4): stay at 4.
+    no_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
+                       steady(running=24.0, ready=4), History(), NOW)
+    assert no_margin.desired_replicas == 4
+    with_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
+                         steady(running=20.0, ready=4), History(), NOW)
+    assert with_margin.desired_replicas == 3
+
+
+def test_noise_in_one_sample_does_not_scale_up_but_a_burst_does():
+    calm = steady(running=15.0, ready=2)
+    noisy = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 20.0})]
+    assert decide(spec(), 2, noisy, History(), NOW).desired_replicas == 2
+    burst = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 45.0})]
+    assert decide(spec(), 2, burst, History(), NOW).desired_replicas == math.ceil(45.0 / LIMIT)
+
+
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ([10.0, 10.0, 10.0, 10.0], (10.0, 10.0)),
+        ([8.0, 12.0, 8.0, 12.0], (10.0, 12.0)),
+        ([10.0, 10.0, 10.0, 30.0], (30.0, 30.0)),  # beyond 3 sigma of the mean: a burst
+    ],
+)
+def test_fleet_demand_low_high(values, expected):
+    samples = [sample(running=v) for v in values]
+    assert fleet_demand(samples) == pytest.approx(expected)
+
+
+def test_fleet_demand_unknown_without_queue_gauges():
+    assert fleet_demand([sample(running=None)]) is None
+    assert fleet_demand([sample(waiting=float("nan"))]) is None
+
+
+# --- HPA semantics: fallback without queue metrics, stabilization, policies -------------
+
+
+@pytest.mark.parametrize(
+    "wait,current,expected",
+    [
+        (0.005, 4, 4),  # at target
+        (0.0054, 4, 4),  # within 10% tolerance
+        (0.010, 4, 8),  # ceil(4 * 2)
+        (0.0075, 3, 5),  # ceil(3 * 1.5)
+        (0.100, 2, 6),  # ceil(2 * 20) = 40, limited to 2 + max(2, 4) per 15 s
+    ],
+)
+def test_without_queue_gauges_the_hpa_ratio_applies(wait, current, expected):
+    samples = steady(wait=wait, running=None, waiting=None, ready=current, slots=None)
+    assert decide(spec(), current, samples, History(), NOW).desired_replicas == expected
+
+
+def test_scale_down_stabilization_takes_the_highest_recent_recommendation():
+    history = History(recommendations=((NOW - 200, 6), (NOW - 100, 5)))
+    samples = steady(wait=0.0, running=0.0, ready=6)
+    decision = decide(spec(), 6, samples, history, NOW)
+    assert decision.desired_replicas == 6
+    assert decision.limited_by == "Stabilized"
+    # 101 s later the 6 has left the 300 s window; the 5 has not.
+    later_samples = [FleetSample(**{**x.__dict__, "time": x.time + 101}) for x in samples]
+    later = decide(spec(), 6, later_samples, history, NOW + 101)
+    assert later.desired_replicas == 5
+
+
+def test_scale_up_stabilization_takes_the_lowest_recent_recommendation():
+    s = spec(behavior={"scaleUp": {"stabilizationWindowSeconds": 60,
+                                   "policies": [{"type": "Pods", "value": 100, "periodSeconds": 15}]}})
+    history = History(recommendations=((NOW - 30, 3),))
+    decision = decide(s, 2, steady(running=80.0, ready=2), history, NOW)
+    assert decision.desired_replicas == 3
+
+
+@pytest.mark.parametrize(
+    "policies,select,events,current,expected",
+    [
+        ([{"type": "Pods", "value": 1, "periodSeconds": 60}], "Max", (), 2, 3),
+        ([{"type": "Pods", "value": 1, "periodSeconds": 60}], "Max", ((NOW - 30, 1),), 3, 3),  # used up
+        ([{"type": "Pods", "value": 1, "periodSeconds": 60}], "Max", ((NOW - 61, 1),), 3, 4),  # period over
+        ([{"type": "Percent", "value": 50, "periodSeconds": 15}], "Max", (), 4, 6),
+        ([{"type": "Percent", "value": 50, "periodSeconds": 15},
+          {"type": "Pods", "value": 1, "periodSeconds": 15}], "Min", (), 4, 5),
+        ([{"type": "Pods", "value": 4, "periodSeconds": 15}], "Disabled", (), 4, 4),
+    ],
+)
+def test_scale_up_policies(policies, select, events, current, expected):
+    s = spec(behavior={"scaleUp": {"policies": policies, "selectPolicy": select}})
+    decision = decide(s, current, steady(running=80.0, ready=current), History(scale_events=events), NOW)
+    assert decision.desired_replicas == expected
+
+
+@pytest.mark.parametrize(
+    "policies,events,current,expected",
+    [
+        ([{"type": "Pods", "value": 1, "periodSeconds": 60}], (), 8, 7),
+        ([{"type": "Pods", "value": 1, "periodSeconds": 60}], ((NOW - 10, -1),), 7, 7),
+        ([{"type": "Percent", "value": 50, "periodSeconds": 60}], (), 8, 4),
+        # 2 removed 10 s ago: the period started at 8, so 3 per 60 s allows down to 5.
+        ([{"type": "Pods", "value": 3, "periodSeconds": 60}], ((NOW - 10, -2),), 6, 5),
+    ],
+)
+def test_scale_down_policies(policies, events, current, expected):
+    s = spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0, "policies": policies}})
+    decision = decide(s, current, steady(wait=0.0, running=0.0, ready=current), History(scale_events=events), NOW)
+    assert decision.desired_replicas == expected
+
+
+def test_gpu_share_cap_clamps_and_says_so():
+    decision = decide(spec(), 2, steady(running=80.0, ready=2), History(), NOW, cap=3)
+    assert decision.desired_replicas == 3
+    assert decision.limited_by == "GPUShare"
+
+
+def test_cap_below_min_wins():
+    decision = decide(spec(minReplicas=4), 4, steady(running=10.0, ready=4), History(), NOW, cap=2)
+    assert decision.desired_replicas == 2
+
+
+def test_history_is_pruned_and_recorded():
+    old = History(recommendations=((NOW - 10_000, 9),), scale_events=((NOW - 10_000, 3),))
+    decision = decide(spec(), 2, steady(running=40.0, ready=2), old, NOW)
+    assert decision.history.recommendations == ((NOW, decision.raw_recommendation),)
+    assert decision.history.scale_events == ((NOW, decision.desired_replicas - 2),)
+
+
+def test_decide_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        decide(spec(), -1, [], History(), NOW)
+    with pytest.raises(ValueError):
+        decide(AutoscalingSpec(), 1, [], History(), NOW)  # disabled spec without maxReplicas
+
+
+def test_steady_load_makes_no_change_over_an_hour():
+    """Replaying a constant load for an hour: the decision never moves (no flapping)."""
+    s = spec()
+    history, current, samples = History(), 3, []
+    changes = 0
+    for i in range(240):
+        now = NOW + 15.0 * i
+        running = 18.0 + (1.5 if i % 2 else -1.5)  # noise around 18 in flight
+        samples = [x for x in samples if now - x.time <= 60] + [
+            FleetSample(time=now, wait_quantile=0.002, observed_requests=200, ready_replicas=current,
+                        requests_running=running, requests_waiting=0.0, slots_per_replica=SLOTS)
+        ]
+        decision = decide(s, current, samples, history, now)
+        history = decision.history
+        changes += decision.desired_replicas != current
+        current = decision.desired_replicas
+    assert changes == 0
+    assert current == 3
