@@ -66,3 +66,57 @@ helm.sh/chart: {{ include "chattts-operator.chart" . }}
 app.kubernetes.io/part-of: chattts
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
+
+{{/* Operator command-line arguments (after the `chattts-operator` entrypoint). */}}
+{{- define "chattts-operator.args" -}}
+- run
+- --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
+{{- if .Values.watchNamespaces }}
+{{- range (.Values.watchNamespaces | uniq | sortAlpha) }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+{{- range .Values.operator.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Settings the operator reads from its environment (chattts_operator/settings.py:
+CHATTTS_OPERATOR_<FIELD>). The operator refuses unknown CHATTTS_OPERATOR_* variables, so only
+its own fields are set here. */}}
+{{- define "chattts-operator.env" -}}
+- name: CHATTTS_OPERATOR_WATCH_NAMESPACES
+  value: {{ include "chattts-operator.watchNamespaces" . | quote }}
+- name: CHATTTS_OPERATOR_HEALTH_PORT
+  value: {{ .Values.operator.healthPort | quote }}
+- name: CHATTTS_OPERATOR_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: CHATTTS_OPERATOR_RESYNC_INTERVAL_SECONDS
+  value: {{ .Values.operator.resyncIntervalSeconds | quote }}
+- name: CHATTTS_OPERATOR_RUNTIME_IMAGE
+  value: {{ include "chattts-operator.imageRef" (list .Values.runtime.image .) | quote }}
+- name: CHATTTS_OPERATOR_RUNTIME_IMAGE_PULL_POLICY
+  value: {{ .Values.runtime.image.pullPolicy | quote }}
+- name: CHATTTS_OPERATOR_GPU_PROFILE
+  value: {{ .Values.gpu.sharingProfile | quote }}
+- name: CHATTTS_OPERATOR_GPU_MEMORY_RESOURCE
+  value: {{ .Values.gpu.resourceNames.gpuMemory | quote }}
+- name: CHATTTS_OPERATOR_GPU_RESOURCE
+  value: {{ .Values.gpu.resourceNames.gpu | quote }}
+- name: CHATTTS_OPERATOR_HAMI_MEMORY_RESOURCE
+  value: {{ .Values.gpu.resourceNames.hamiMemory | quote }}
+- name: CHATTTS_OPERATOR_MIG_RESOURCE_PREFIX
+  value: {{ .Values.gpu.resourceNames.migPrefix | quote }}
+{{- with .Values.gpu.migProfiles }}
+- name: CHATTTS_OPERATOR_MIG_PROFILES
+  value: {{ join "," . | quote }}
+{{- end }}
+- name: CHATTTS_OPERATOR_NODE_MEMORY_LABEL
+  value: {{ .Values.gpu.nodeMemoryLabel | quote }}
+- name: CHATTTS_OPERATOR_NODE_PRODUCT_LABEL
+  value: {{ .Values.gpu.nodeProductLabel | quote }}
+- name: CHATTTS_OPERATOR_GPU_TOLERATION_KEY
+  value: {{ .Values.gpu.tolerationKey | quote }}
+{{- end }}
