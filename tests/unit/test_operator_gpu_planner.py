@@ -1,0 +1,221 @@
+"""GPU sharing profiles and the GPU memory planner (pure, table-driven)."""
+from __future__ import annotations
+
+import pytest
+
+from chattts_runtime.config import WeightFormat
+
+from chattts_operator.api import EngineSpec, GpuSpec, ModelShape
+from chattts_operator.api.chattts import parse_quantity, quantity_to_mib
+from chattts_operator.gpu import (
+    GpuAssignmentError,
+    assign_gpu,
+    mig_profile_memory_mib,
+    node_affinity,
+    smallest_mig_profile,
+)
+from chattts_operator.planner import BYTES_4BIT_GROUP128, plan_memory
+from chattts_operator.settings import OperatorSettings, SettingsError
+
+SETTINGS = OperatorSettings()
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("8Gi", 8 * 2**30), ("8192Mi", 8 * 2**30), ("24G", 24 * 10**9), ("1.5Gi", int(1.5 * 2**30)), ("1e3", 1000),
+     ("500m", 0.5), ("0", 0)],
+)
+def test_parse_quantity(text, value):
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["8 GB", "8GB", "", "Gi", "8gi", "--1"])
+def test_parse_quantity_rejects(text):
+    with pytest.raises(ValueError, match="quantity"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize("text, mib", [("8Gi", 8192), ("8G", 7630), ("1Mi", 1), ("1", 1), ("1536Mi", 1536)])
+def test_quantity_to_mib_rounds_up(text, mib):
+    assert quantity_to_mib(text) == mib
+
+
+@pytest.mark.parametrize(
+    "gpu, profile, limits, share",
+    [
+        ({"memory": "8Gi"}, "gpu-memory", {"nvidia.com/gpu.memory": "8192"}, "1x8Gi gpu-memory"),
+        ({"memory": "8Gi", "count": 2}, "gpu-memory", {"nvidia.com/gpu.memory": "16384"}, "2x8Gi gpu-memory"),
+        ({"memory": "8Gi"}, "hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192"}, "1x8Gi hami"),
+        ({"memory": "10Gi", "count": 4}, "hami", {"nvidia.com/gpu": "4", "nvidia.com/gpumem": "10240"}, "4x10Gi hami"),
+        ({"memory": "8Gi"}, "whole-gpu", {"nvidia.com/gpu": "1"}, "1x8Gi whole-gpu"),
+        ({"memory": "8Gi", "count": 2}, "whole-gpu", {"nvidia.com/gpu": "2"}, "2x8Gi whole-gpu"),
+        ({"memory": "8Gi"}, "mig", {"nvidia.com/mig-1g.10gb": "1"}, "1x1g.10gb mig"),
+        ({"memory": "12Gi"}, "mig", {"nvidia.com/mig-1g.20gb": "1"}, "1x1g.20gb mig"),
+        ({"memory": "30Gi", "count": 2}, "mig", {"nvidia.com/mig-3g.40gb": "2"}, "2x3g.40gb mig"),
+        ({"memory": "1500Mi"}, "gpu-memory", {"nvidia.com/gpu.memory": "1500"}, "1x1500Mi gpu-memory"),
+    ],
+)
+def test_profiles(gpu, profile, limits, share):
+    assignment = assign_gpu(GpuSpec.model_validate({**gpu, "profile": profile}), SETTINGS)
+    assert assignment.limits == limits
+    assert assignment.share == share
+    assert assignment.node_min_gpu_memory_mib == quantity_to_mib(gpu["memory"])
+
+
+def test_profile_default_comes_from_settings_and_resource_names_are_configurable():
+    settings = OperatorSettings(gpu_profile="hami", gpu_resource="example.com/gpu", hami_memory_resource="example.com/mem")
+    assignment = assign_gpu(GpuSpec(memory="4Gi"), settings)
+    assert assignment.limits == {"example.com/gpu": "1", "example.com/mem": "4096"}
+    # A per-resource override wins over the operator default.
+    assert assign_gpu(GpuSpec(memory="4Gi", profile="whole-gpu"), settings).limits == {"example.com/gpu": "1"}
+
+
+def test_mig_profile_too_small():
+    with pytest.raises(GpuAssignmentError) as err:
+        assign_gpu(GpuSpec(memory="100Gi", profile="mig"), SETTINGS)
+    assert err.value.reason == "NoMigProfileFits" and "7g.80gb" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "mib, profiles, expected",
+    [
+        (9000, ("1g.10gb", "2g.20gb", "1g.20gb"), "1g.10gb"),
+        (10000, ("2g.20gb", "1g.20gb", "3g.40gb"), "1g.20gb"),  # same memory: fewer slices
+        (17000, ("1g.18gb", "2g.35gb", "3g.71gb"), "1g.18gb"),
+        (17500, ("1g.18gb", "2g.35gb", "3g.71gb"), "2g.35gb"),
+        (200000, ("1g.18gb",), None),
+    ],
+)
+def test_smallest_mig_profile(mib, profiles, expected):
+    assert smallest_mig_profile(mib, profiles) == expected
+
+
+def test_mig_memory_is_decimal_gb():
+    assert mig_profile_memory_mib("1g.10gb") == int(10 * 1000**3 / 2**20)
+
+
+@pytest.mark.parametrize("profile", ["gpu-memory", "hami", "whole-gpu", "mig"])
+def test_node_affinity_in_every_profile(profile):
+    assignment = assign_gpu(GpuSpec(memory="8Gi", profile=profile), SETTINGS)
+    term = node_affinity(assignment, SETTINGS)["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["8191"]}
+    ]
+
+
+def test_no_affinity_when_label_disabled():
+    settings = OperatorSettings(node_memory_label="")
+    assert node_affinity(assign_gpu(GpuSpec(memory="8Gi"), settings), settings) is None
+
+
+def test_product_and_node_selector():
+    assignment = assign_gpu(GpuSpec(memory="8Gi", product="NVIDIA-H200", node_selector={"pool": "tts"}), SETTINGS)
+    assert assignment.node_selector == {"pool": "tts", "nvidia.com/gpu.product": "NVIDIA-H200"}
+
+
+# --- planner ---------------------------------------------------------------------------------
+
+SHAPE = ModelShape()
+
+
+def test_chattts_default_shape_numbers():
+    # 225 M parameters, 2 x 20 layers x 12 heads x 64 dims x 2 bytes = 60 KiB of KV per token.
+    assert SHAPE.linear_params + SHAPE.other_params == pytest.approx(225e6, rel=0.01)
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
+    assert plan.kv_bytes_per_token == 2 * 20 * 12 * 64 * 2 == 61440
+
+
+@pytest.mark.parametrize(
+    "fmt, engine, mib, tp, fits, reason, sequences",
+    [
+        ("fp16", {}, 8192, 1, True, "Fits", 46),  # (6963 - 639 - 192 - 512) MiB / 120 MiB per sequence
+        ("awq", {}, 8192, 1, True, "Fits", 49),
+        ("awq", {"kvCacheDtype": "fp8"}, 8192, 1, True, "Fits", 98),
+        ("fp16", {}, 1024, 1, False, "WeightsDoNotFit", 0),
+        ("fp16", {"maxModelLen": 131072}, 4096, 1, False, "KVCacheDoesNotFit", 0),
+        ("fp16", {"gpuMemoryUtilization": 0.5}, 2048, 1, False, "WeightsDoNotFit", 0),
+        ("fp16", {"maxModelLen": 4096}, 2048, 1, True, "Fits", 1),
+        ("fp16", {}, 8192, 5, False, "TensorParallelMismatch", 0),
+        ("fp16", {}, 8192, 2, True, "Fits", 0),  # checked separately below
+    ],
+)
+def test_plan_table(fmt, engine, mib, tp, fits, reason, sequences):
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat(fmt), engine=EngineSpec.model_validate(engine),
+                       gpu_memory_mib=mib, tensor_parallel=tp)
+    assert (plan.fits, plan.reason) == (fits, reason), plan.message
+    if tp == 1:
+        assert plan.max_concurrent_sequences == sequences
+    if not fits:
+        assert plan.max_concurrent_sequences == 0 and plan.message
+
+
+def test_awq_weights_are_about_a_quarter():
+    fp16 = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
+    awq = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=EngineSpec(), gpu_memory_mib=8192)
+    linear_fp16_mib = SHAPE.linear_params * 2 / 2**20
+    linear_awq_mib = SHAPE.linear_params * BYTES_4BIT_GROUP128 / 2**20
+    assert fp16.weights_mib - awq.weights_mib == pytest.approx(linear_fp16_mib - linear_awq_mib, abs=2)
+
+
+def test_tensor_parallel_splits_kv_per_gpu():
+    one = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
+    two = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192,
+                      tensor_parallel=2)
+    assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
+    assert two.max_concurrent_sequences > one.max_concurrent_sequences
+
+
+def test_kv_cache_numbers_are_consistent():
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=EngineSpec(), gpu_memory_mib=16384)
+    assert plan.budget_mib == int(16384 * 0.85)
+    assert plan.kv_cache_mib == pytest.approx(plan.budget_mib - plan.weights_mib - plan.activations_mib
+                                              - plan.overhead_mib, abs=3)
+    per_sequence_mib = plan.kv_bytes_per_token * 2048 / 2**20
+    assert plan.max_concurrent_sequences == int(plan.kv_cache_mib // per_sequence_mib) or \
+        plan.max_concurrent_sequences == int(plan.kv_cache_mib // per_sequence_mib) + 1
+
+
+@pytest.mark.parametrize("utilization, warned", [(0.85, False), (0.9, False), (0.95, True), (1.0, True)])
+def test_high_utilization_warns(utilization, warned):
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
+                       engine=EngineSpec(gpu_memory_utilization=utilization, max_num_seqs=8), gpu_memory_mib=8192)
+    assert any("above 0.9" in w for w in plan.warnings) == warned
+
+
+def test_more_batched_tokens_cost_activation_memory():
+    small = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
+                        engine=EngineSpec(max_num_batched_tokens=2048), gpu_memory_mib=8192)
+    big = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
+                      engine=EngineSpec(max_num_batched_tokens=65536), gpu_memory_mib=8192)
+    assert big.activations_mib > small.activations_mib and big.kv_cache_mib < small.kv_cache_mib
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_settings_from_env():
+    settings = OperatorSettings.from_env({
+        "CHATTTS_OPERATOR_GPU_PROFILE": "mig",
+        "CHATTTS_OPERATOR_MIG_PROFILES": "1g.18gb, 3g.71gb",
+        "CHATTTS_OPERATOR_WATCH_NAMESPACES": "a,b",
+        "CHATTTS_OPERATOR_METRICS_PORT": "0",
+        "PATH": "/bin",
+    })
+    assert settings.gpu_profile.value == "mig"
+    assert settings.mig_profiles == ("1g.18gb", "3g.71gb")
+    assert settings.watch_namespaces == ("a", "b")
+    assert settings.metrics_port == 0
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"CHATTTS_OPERATOR_GPU_PROFILE": "vgpu"}, "CHATTTS_OPERATOR_GPU_PROFILE"),
+        ({"CHATTTS_OPERATOR_MIG_PROFILES": "big"}, "1g.10gb"),
+        ({"CHATTTS_OPERATOR_METRICS_PORT": "http"}, "CHATTTS_OPERATOR_METRICS_PORT"),
+        ({"CHATTTS_OPERATOR_GPU_PROFIL": "hami"}, "unknown setting"),
+    ],
+)
+def test_bad_settings_name_the_variable(env, message):
+    with pytest.raises(SettingsError, match=message):
+        OperatorSettings.from_env(env)
