@@ -184,6 +184,10 @@ class PodsMetricSource(_SpecModel):
     def _timeout_positive(cls, value: str) -> str:
         return _validate_duration(value, "timeout", minimum=0.001)
 
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
+
 
 class PrometheusMetricSource(_SpecModel):
     """Ask a Prometheus server (HTTP API, instant query) for the wait quantile."""
@@ -225,6 +229,10 @@ class PrometheusMetricSource(_SpecModel):
     @classmethod
     def _timeout_positive(cls, value: str) -> str:
         return _validate_duration(value, "timeout", minimum=0.001)
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
 
     def render_query(self, *, namespace: str, name: str, window: str, quantile: float, selector: str) -> str:
         return string.Template(self.query).substitute(

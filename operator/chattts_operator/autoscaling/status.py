@@ -1,0 +1,107 @@
+"""Pure bookkeeping between a decision and ``status.autoscaling``: history in and out,
+decision records, conditions, and whether a status write is worth making."""
+from __future__ import annotations
+
+from chattts_operator.api.autoscaling import (
+    MAX_DECISIONS_KEPT,
+    AutoscalingCondition,
+    AutoscalingStatus,
+    RecommendationRecord,
+    ScaleEventRecord,
+    ScalingDecisionRecord,
+    format_duration,
+    format_time,
+    parse_time,
+)
+from chattts_operator.autoscaling.decision import Decision, History
+
+
+def history_from_status(status: AutoscalingStatus | None) -> History:
+    """The decision history persisted in status (so a restarted operator keeps its windows)."""
+    if status is None:
+        return History()
+    return History(
+        recommendations=tuple((parse_time(r.time), r.replicas) for r in status.recommendations),
+        scale_events=tuple((parse_time(e.time), e.change) for e in status.scale_events),
+    )
+
+
+def _condition(previous: list[AutoscalingCondition], ctype: str, ok: bool, reason: str, message: str, now: str) -> AutoscalingCondition:
+    status = "True" if ok else "False"
+    old = next((c for c in previous if c.type == ctype), None)
+    since = old.last_transition_time if old is not None and old.status == status else now
+    return AutoscalingCondition(type=ctype, status=status, reason=reason, message=message, last_transition_time=since)
+
+
+def next_status(
+    previous: AutoscalingStatus | None,
+    decision: Decision,
+    current_replicas: int,
+    now: float,
+    *,
+    scale_error: str | None = None,
+) -> AutoscalingStatus:
+    """status.autoscaling after ``decision`` (and the scale write's outcome, if it failed)."""
+    previous = previous or AutoscalingStatus()
+    stamp = format_time(now)
+    applied = scale_error is None
+    scaled = applied and decision.desired_replicas != current_replicas
+    history = decision.history
+    if not applied and history.scale_events and history.scale_events[-1][0] == now:
+        history = History(history.recommendations, history.scale_events[:-1])  # the change did not happen
+
+    record = ScalingDecisionRecord(
+        time=stamp,
+        metric_value=format_duration(decision.metric_value) if decision.metric_value is not None else None,
+        current_replicas=current_replicas,
+        desired_replicas=decision.desired_replicas,
+        reason=decision.reason if applied else "ScaleFailed",
+        message=decision.message if applied else f"{decision.message}; scale failed: {scale_error}",
+    )
+    decisions = list(previous.decisions)
+    last = decisions[-1] if decisions else None
+    # A hold that repeats the previous record adds nothing to the story.
+    if scaled or last is None or (last.reason, last.desired_replicas) != (record.reason, record.desired_replicas):
+        decisions.append(record)
+    decisions = decisions[-MAX_DECISIONS_KEPT:]
+
+    conditions = [
+        _condition(previous.conditions, "ScalingActive", decision.metric_ok,
+                   "ValidMetric" if decision.metric_ok else decision.reason.removeprefix("Hold"),
+                   decision.message if not decision.metric_ok else "the metric is fresh and valid", stamp),
+        _condition(previous.conditions, "AbleToScale", applied,
+                   "SucceededRescale" if applied else "FailedUpdateScale",
+                   scale_error or "the scale subresource accepts changes", stamp),
+        _condition(previous.conditions, "ScalingLimited", bool(decision.limited_by),
+                   decision.limited_by or "DesiredWithinRange",
+                   f"limited by {decision.limited_by}" if decision.limited_by else "the desired count is within range",
+                   stamp),
+    ]
+    return AutoscalingStatus(
+        current_metric=format_duration(decision.metric_value) if decision.metric_value is not None else previous.current_metric,
+        desired_replicas=decision.desired_replicas,
+        last_scale_time=stamp if scaled else previous.last_scale_time,
+        last_evaluation_time=stamp,
+        decisions=decisions,
+        recommendations=[RecommendationRecord(time=format_time(t), replicas=r) for t, r in history.recommendations],
+        scale_events=[ScaleEventRecord(time=format_time(t), change=c) for t, c in history.scale_events],
+        conditions=conditions,
+        batch_token_tuning=previous.batch_token_tuning,
+    )
+
+
+def worth_writing(previous: AutoscalingStatus | None, new: AutoscalingStatus) -> bool:
+    """Write status only when something a reader cares about changed: not for every
+    evaluation that holds (that would be a write every sync period per object)."""
+    if previous is None:
+        return True
+
+    def essence(s: AutoscalingStatus):
+        return (
+            s.desired_replicas,
+            s.last_scale_time,
+            [d.model_dump() for d in s.decisions],
+            [(c.type, c.status, c.reason) for c in s.conditions],
+        )
+
+    return essence(previous) != essence(new)
