@@ -1,0 +1,142 @@
+"""Waveform -> response bytes, and streaming decode of frames to audio.
+
+``wav`` and ``pcm`` (16-bit little-endian mono, 24 kHz) are written here with the
+standard library. ``flac``, ``mp3``, ``opus`` (Ogg) and ``aac`` (ADTS) use PyAV (the
+maintained FFmpeg binding, package ``av``) when it is installed; otherwise they are
+refused up front with a clear 400 (:func:`check_format`).
+"""
+from __future__ import annotations
+
+import io
+import struct
+from typing import Callable
+
+import numpy as np
+
+from chattts_runtime.model.config import SAMPLE_RATE
+
+NATIVE_FORMATS = ("wav", "pcm")
+ENCODED_FORMATS = {  # response_format -> (container, codec, output sample rate)
+    "flac": ("flac", "flac", SAMPLE_RATE),
+    "mp3": ("mp3", "libmp3lame", SAMPLE_RATE),
+    "opus": ("ogg", "libopus", 48_000),  # Opus runs at 48 kHz; PyAV resamples
+    "aac": ("adts", "aac", SAMPLE_RATE),
+}
+ALL_FORMATS = NATIVE_FORMATS + tuple(ENCODED_FORMATS)
+CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
+                 "opus": "audio/ogg", "aac": "audio/aac"}
+STREAMABLE_FORMATS = NATIVE_FORMATS  # encoded formats are returned whole
+
+
+class UnsupportedFormat(ValueError):
+    pass
+
+
+def _pyav():
+    try:
+        import av  # noqa: PLC0415
+    except ImportError:
+        return None
+    return av
+
+
+def check_format(fmt: str, stream: bool) -> None:
+    if fmt not in ALL_FORMATS:
+        raise UnsupportedFormat(f"response_format must be one of {', '.join(ALL_FORMATS)}; got {fmt!r}")
+    if fmt in ENCODED_FORMATS:
+        av = _pyav()
+        if av is None:
+            raise UnsupportedFormat(f"response_format {fmt!r} needs the 'av' package (FFmpeg), which is not "
+                                    f"installed in this runtime; use wav or pcm")
+        if ENCODED_FORMATS[fmt][1] not in av.codecs_available:
+            raise UnsupportedFormat(f"response_format {fmt!r}: this FFmpeg build has no "
+                                    f"{ENCODED_FORMATS[fmt][1]} encoder; use wav or pcm")
+        if stream:
+            raise UnsupportedFormat(f"streaming is available for {', '.join(STREAMABLE_FORMATS)} only; "
+                                    f"request {fmt!r} without stream")
+
+
+def to_pcm16(samples: np.ndarray) -> bytes:
+    clipped = np.clip(np.nan_to_num(samples, nan=0.0), -1.0, 1.0)
+    return (clipped * 32767.0).astype("<i2").tobytes()
+
+
+def wav_header(num_samples: int | None) -> bytes:
+    """44-byte RIFF header; ``None`` = unknown length (streaming), sizes set to 0xFFFFFFFF."""
+    data_bytes = 0xFFFFFFFF if num_samples is None else num_samples * 2
+    riff_bytes = 0xFFFFFFFF if num_samples is None else 36 + data_bytes
+    return (b"RIFF" + struct.pack("<I", riff_bytes) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * 2, 2, 16)
+            + b"data" + struct.pack("<I", data_bytes))
+
+
+def encode(samples: np.ndarray, fmt: str) -> bytes:
+    if fmt == "pcm":
+        return to_pcm16(samples)
+    if fmt == "wav":
+        return wav_header(len(samples)) + to_pcm16(samples)
+    return _encode_av(samples, fmt)
+
+
+def _encode_av(samples: np.ndarray, fmt: str) -> bytes:
+    av = _pyav()
+    container_fmt, codec, rate = ENCODED_FORMATS[fmt]
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=container_fmt) as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)[None, :]
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=rate)
+        for resampled in resampler.resample(frame) + resampler.resample(None):
+            for packet in stream.encode(resampled):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buf.getvalue()
+
+
+class StreamingDecoder:
+    """Frames in, final audio samples out, chunk by chunk.
+
+    Each decode covers the new frames plus ``context_frames`` already-emitted frames on
+    the left, so the convolution stacks see real history; samples already sent are
+    never re-sent. The right edge of a chunk is computed without future frames (as
+    ChatTTS's own streaming does), which is the only difference from decoding the
+    whole utterance at once.
+    """
+
+    def __init__(self, decode: Callable[[np.ndarray], np.ndarray], samples_per_frame: int,
+                 context_frames: int = 40):
+        self._decode = decode  # frames [T, ...] -> samples [(2T-1) * hop]
+        self._spf = samples_per_frame
+        self._context = context_frames
+        self._frames: list[np.ndarray] = []
+        self._emitted = 0  # samples already returned
+        self._decoded_frames = 0
+
+    @property
+    def pending_frames(self) -> int:
+        return len(self._frames) - self._decoded_frames
+
+    @property
+    def total_frames(self) -> int:
+        return len(self._frames)
+
+    def push(self, frames: np.ndarray) -> None:
+        self._frames.extend(frames)
+
+    def take(self) -> np.ndarray:
+        """Decode what is pending; returns the new samples (empty if nothing is pending)."""
+        n = len(self._frames)
+        if n == 0 or self.pending_frames == 0:
+            return np.zeros(0, np.float32)
+        start = max(0, self._decoded_frames - self._context)
+        audio = self._decode(np.stack(self._frames[start:n]))
+        offset = start * self._spf
+        end = offset + len(audio)  # (2n - 1) * hop: the centred ISTFT's length for n frames
+        out = audio[self._emitted - offset:end - offset]
+        self._emitted = max(self._emitted, end)
+        self._decoded_frames = n
+        return out.astype(np.float32, copy=False)

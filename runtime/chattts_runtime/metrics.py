@@ -1,0 +1,57 @@
+"""Prometheus metrics of the serving runtime (one registry per server).
+
+| metric | type | meaning |
+|---|---|---|
+| ``vllm:scheduler_deadline_wait_seconds`` | histogram | time from a request's arrival until the engine first runs it (its prefill starts). Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
+| ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine |
+| ``chattts_requests_running`` | gauge | requests the engine is generating |
+| ``chattts_batch_size`` | histogram | sequences per engine step (1 = no batching) |
+| ``chattts_time_to_first_audio_seconds`` | histogram | arrival -> first audio bytes ready (streaming) or whole response ready (non-streaming) |
+| ``chattts_real_time_factor`` | histogram | per request: wall time from arrival to last audio / audio duration (< 1 is faster than real time) |
+| ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
+| ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
+| ``chattts_engine_steps_total`` | counter | generation steps run by the engine |
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from chattts_runtime.engines.base import SynthesisRequest
+
+_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
+
+
+class RuntimeMetrics:
+    """Also the engine's ``SchedulerObserver`` (``on_scheduled``, ``on_step``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.deadline_wait = Histogram(
+            "vllm:scheduler_deadline_wait_seconds",
+            "Time from request arrival until the engine first runs it.", buckets=_WAIT_BUCKETS, registry=r)
+        self.waiting = Gauge("chattts_requests_waiting", "Requests waiting to be scheduled.", registry=r)
+        self.running = Gauge("chattts_requests_running", "Requests being generated.", registry=r)
+        self.batch_size = Histogram("chattts_batch_size", "Sequences per engine step.",
+                                    buckets=_BATCH_BUCKETS, registry=r)
+        self.ttfa = Histogram("chattts_time_to_first_audio_seconds",
+                              "Arrival to first audio bytes ready.", buckets=_WAIT_BUCKETS, registry=r)
+        self.rtf = Histogram("chattts_real_time_factor", "Synthesis wall time / audio duration, per request.",
+                             buckets=_RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio produced.", registry=r)
+        self.requests = Counter("chattts_requests", "Finished requests by outcome.", ["status"], registry=r)
+        self.steps = Counter("chattts_engine_steps", "Generation steps run by the engine.", registry=r)
+
+    def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
+        self.deadline_wait.observe(max(0.0, wait_seconds))
+
+    def on_step(self, batch_size: int) -> None:
+        self.batch_size.observe(batch_size)
+        self.steps.inc()
+
+    def bind_engine(self, engine) -> None:
+        """Gauges read the engine's queue at scrape time."""
+        self.waiting.set_function(lambda: engine.num_waiting)
+        self.running.set_function(lambda: engine.num_running)

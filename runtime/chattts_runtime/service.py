@@ -1,0 +1,262 @@
+"""Speech synthesis on top of an engine: request validation, prompts, audio decoding, metrics.
+
+Used by the HTTP server (``server.py``) and by the offline ``synthesize`` command, so
+both validate input the same way and produce the same audio.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import AsyncIterator, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from chattts_runtime.audio_io import ALL_FORMATS, StreamingDecoder, UnsupportedFormat, check_format, encode
+from chattts_runtime.config import RuntimeConfig
+from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.metrics import RuntimeMetrics
+from chattts_runtime.model.config import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+# OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
+OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class APIError(Exception):
+    """An error with an HTTP status, rendered in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, err_type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.err_type, self.headers = err_type, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+
+
+class SpeechRequest(BaseModel):
+    """``POST /v1/audio/speech`` body (OpenAI's fields plus ChatTTS sampling extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str
+    voice: str
+    response_format: str = "wav"
+    speed: float = 1.0
+    stream: bool = False
+    stream_format: Literal["audio", "sse"] | None = None
+    instructions: str | None = None  # accepted for compatibility; ChatTTS has no instruction input
+    # Extensions (not in OpenAI's API):
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.stream or self.stream_format is not None
+
+
+def parse_speech_request(payload: object) -> SpeechRequest:
+    try:
+        return SpeechRequest.model_validate(payload)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+@dataclass
+class Synthesis:
+    """A validated request, ready for the engine."""
+
+    request: SynthesisRequest
+    response_format: str
+    streaming: bool
+    sse: bool
+
+
+class SpeechService:
+    def __init__(self, config: RuntimeConfig, model, engine: Engine, metrics: RuntimeMetrics):
+        self.config = config
+        self.model = model
+        self.engine = engine
+        self.metrics = metrics
+        self.ready = False
+        self.draining = False
+        self.in_flight = 0
+        self._decode_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chattts-decode")
+        metrics.bind_engine(engine)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.config.model.served_name, *OPENAI_MODEL_ALIASES)
+
+    # -- validation ------------------------------------------------------------------------
+
+    def prepare(self, req: SpeechRequest) -> Synthesis:
+        if req.model not in self.model_names:
+            raise APIError(404, f"model {req.model!r} is not served here; use {self.config.model.served_name!r}",
+                           param="model", code="model_not_found")
+        if not req.input.strip():
+            raise APIError(400, "input is empty", param="input")
+        limit = self.config.server.max_input_chars
+        if len(req.input) > limit:
+            raise APIError(400, f"input is {len(req.input)} characters; the limit is {limit}", param="input")
+        if not MIN_SPEED <= req.speed <= MAX_SPEED:
+            raise APIError(400, f"speed must be between {MIN_SPEED} and {MAX_SPEED}; got {req.speed}",
+                           param="speed")
+        try:
+            check_format(req.response_format, req.streaming)
+        except UnsupportedFormat as err:
+            raise APIError(400, str(err), param="response_format") from None
+        from chattts_runtime.model.speaker import SpeakerError  # noqa: PLC0415
+
+        try:
+            speaker = self.model.speaker_for(req.voice).numpy()
+        except SpeakerError as err:
+            raise APIError(400, str(err), param="voice") from None
+        prompt = self.model.tokenizer.build(req.input, with_speaker=True, speed=req.speed)
+        gen = self.config.generation
+        max_frames = min(gen.max_new_frames, self.config.engine.max_model_len - len(prompt.input_ids) - 1)
+        if max_frames < 1:
+            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
+                           f"{self.config.engine.max_model_len}", param="input")
+        params = SamplingParams(
+            temperature=gen.temperature if req.temperature is None else req.temperature,
+            top_p=gen.top_p if req.top_p is None else req.top_p,
+            top_k=gen.top_k if req.top_k is None else req.top_k,
+            repetition_penalty=gen.repetition_penalty,
+            max_new_frames=max_frames,
+            min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
+            seed=gen.seed if req.seed is None else req.seed,
+        )
+        request = SynthesisRequest(
+            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
+            params=params, want_hidden=gen.audio_decoder == "decoder")
+        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
+
+    # -- generation ------------------------------------------------------------------------
+
+    def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
+        if self.draining:
+            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
+        synthesis.request.arrival = time.monotonic()
+        try:
+            return self.engine.submit(synthesis.request)
+        except QueueFull as err:
+            self.metrics.requests.labels("rejected").inc()
+            raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
+        except EngineStopped:
+            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down") from None
+
+    def _decode_frames(self, frames: np.ndarray) -> np.ndarray:
+        """``frames`` [T, num_vq] codes, or [T, hidden] hidden states on the decoder path."""
+        import torch  # noqa: PLC0415
+
+        batch = torch.from_numpy(np.ascontiguousarray(frames))[None]
+        if self.config.generation.audio_decoder == "decoder":
+            return self.model.hidden_to_audio(batch)[0].cpu().numpy()
+        return self.model.codes_to_audio(batch)[0].cpu().numpy()
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._decode_pool, fn, *args)
+
+    @staticmethod
+    def _frames_of(chunk: FrameChunk, hidden: bool) -> np.ndarray:
+        return chunk.hidden if hidden and chunk.hidden is not None else chunk.codes
+
+    def _finish(self, arrival: float, samples: int, status: str) -> None:
+        seconds = samples / SAMPLE_RATE
+        self.metrics.requests.labels(status).inc()
+        if samples:
+            self.metrics.audio_seconds.inc(seconds)
+            self.metrics.rtf.observe((time.monotonic() - arrival) / seconds)
+
+    async def synthesize(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk]) -> np.ndarray:
+        """Whole-utterance path: all frames, then one decode."""
+        req = synthesis.request
+        hidden = req.want_hidden
+        parts: list[np.ndarray] = []
+        self.in_flight += 1
+        try:
+            async for chunk in stream:
+                if chunk.error:
+                    self.metrics.requests.labels("error").inc()
+                    raise APIError(500, f"generation failed: {chunk.error}", err_type="server_error")
+                if len(chunk.codes):
+                    parts.append(self._frames_of(chunk, hidden))
+            frames = np.concatenate(parts) if parts else np.zeros((0, 1))
+            audio = await self._in_pool(self._decode_frames, frames) if len(frames) else np.zeros(0, np.float32)
+            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+            self._finish(req.arrival, len(audio), "ok")
+            return audio
+        finally:
+            self.in_flight -= 1
+
+    async def stream_audio(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk]) -> AsyncIterator[np.ndarray]:
+        """Streaming path: decoded sample chunks as frames arrive (first chunk smaller for latency)."""
+        req = synthesis.request
+        gen = self.config.generation
+        decoder = StreamingDecoder(self._decode_frames, self.model.sizes.samples_per_frame)
+        first_chunk = max(1, gen.stream_chunk_frames // 3)
+        produced = 0
+        status = "aborted"
+        self.in_flight += 1
+        try:
+            async for chunk in stream:
+                if chunk.error:
+                    status = "error"
+                    log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
+                    return
+                if len(chunk.codes):
+                    decoder.push(self._frames_of(chunk, req.want_hidden))
+                due = first_chunk if produced == 0 else gen.stream_chunk_frames
+                if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
+                    samples = await self._in_pool(decoder.take)
+                    if produced == 0 and len(samples):
+                        self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                    produced += len(samples)
+                    yield samples
+                if chunk.finished:
+                    status = "ok" if chunk.finish_reason in ("eos", "length") else chunk.finish_reason or "ok"
+        finally:
+            self.in_flight -= 1
+            self._finish(req.arrival, produced, status)
+
+    def encode(self, samples: np.ndarray, fmt: str) -> bytes:
+        return encode(samples, fmt)
+
+    async def warmup(self) -> None:
+        """One short greedy synthesis through the whole path, so the first user pays no start-up cost."""
+        prompt = self.model.tokenizer.build("warm up", with_speaker=False)
+        request = SynthesisRequest("warmup", prompt.input_ids, None,
+                                   SamplingParams(temperature=0, max_new_frames=4, min_new_frames=1))
+        synthesis = Synthesis(request, "wav", False, False)
+        await self.synthesize(synthesis, self.engine.submit(request))
+
+    async def close(self) -> None:
+        await self.engine.stop()
+        self._decode_pool.shutdown(wait=False)
+
+
+def available_formats() -> tuple[str, ...]:
+    out = []
+    for fmt in ALL_FORMATS:
+        try:
+            check_format(fmt, False)
+            out.append(fmt)
+        except UnsupportedFormat:
+            pass
+    return tuple(out)
