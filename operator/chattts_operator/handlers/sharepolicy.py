@@ -1,0 +1,322 @@
+"""kopf handlers for GPUSharePolicy: I/O only; every decision is in ``chattts_operator.scheduling``.
+
+- One daemon per policy re-plans at least every ``resync_seconds``, sooner when a member,
+  the policy or a pool node changes (watch events wake it), and every ``settle_seconds``
+  while growth waits for released pods to go. Each pass: read the policy, the pool's nodes,
+  its members (server-side label selector ``tts.chattts.io/share-policy=<name>``) and their
+  pods; plan; write Job ``spec.suspend`` and ChatTTSDeployment replica caps in the plan's
+  order (suspends and scale-downs before scale-ups and resumes); write status and Events.
+  A pass that changes nothing writes nothing.
+- At start-up, the two PriorityClasses (online may preempt offline) are created if absent.
+
+Time comes from ``chattts_operator.scheduling.clock`` (tests install a manual clock).
+Client: ``kubernetes_asyncio`` (the handlers are async and must never block the loop).
+Membership watches: kopf filters labels on the client side, so the Job and
+ChatTTSDeployment watches see every object of those kinds; the passes themselves list
+with server-side selectors.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from chattts_operator.api.sharepolicy import (
+    GROUP,
+    KIND,
+    PLURAL,
+    REPLICA_CAP_ANNOTATION,
+    REPLICA_CAP_REASON_ANNOTATION,
+    SHARE_POLICY_LABEL,
+    VERSION,
+    GPUSharePolicySpec,
+)
+from chattts_operator.scheduling import clock
+from chattts_operator.scheduling.observe import (
+    MemberError,
+    largest_gpu_mib,
+    offline_member,
+    online_member,
+    pool_nodes,
+)
+from chattts_operator.scheduling.planner import OFFLINE_KIND, plan
+from chattts_operator.scheduling.priorityclasses import priority_class_manifests
+from chattts_operator.scheduling.report import member_event, policy_events, policy_status, writes_for
+from chattts_operator.scheduling.resources import node_gpu_memory_mib, node_is_usable, selector_string
+from chattts_operator.scheduling.windows import overlapping_windows
+
+FIELD_MANAGER = "chattts-operator"
+CTD_PLURAL = "chattsdeployments"
+MERGE_PATCH = "application/merge-patch+json"
+# Labels the deployment builder puts on serving pods (CONTRIBUTING.md's fixed names).
+SERVING_POD_SELECTOR = "app.kubernetes.io/component=tts-server,app.kubernetes.io/instance={name}"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharePolicyConfig:
+    resync_seconds: float = 30.0  # re-plan at least this often (window changes need no event)
+    settle_seconds: float = 2.0  # re-plan this soon while growth waits for pods to go
+    min_interval_seconds: float = 0.5  # at most one pass per policy this often (debounces watch bursts)
+
+
+CONFIG = SharePolicyConfig(
+    resync_seconds=float(os.environ.get("CHATTTS_SHAREPOLICY_RESYNC_SECONDS", 30.0)),
+    settle_seconds=float(os.environ.get("CHATTTS_SHAREPOLICY_SETTLE_SECONDS", 2.0)),
+)
+
+
+def configure(**values: float) -> None:
+    """Change the pacing (tests make it fast)."""
+    for key, value in values.items():
+        if not hasattr(CONFIG, key):
+            raise TypeError(f"unknown share-policy setting {key!r}")
+        setattr(CONFIG, key, float(value))
+
+
+# --- wake-ups from watches ---------------------------------------------------------------
+
+_wakeups: dict[str, asyncio.Event] = {}
+_node_fingerprints: dict[str, tuple[bool, int, str]] = {}
+
+
+def _wake(policy: str | None = None) -> None:
+    if policy is None:
+        for event in _wakeups.values():
+            event.set()
+    elif policy in _wakeups:
+        _wakeups[policy].set()
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={SHARE_POLICY_LABEL: kopf.PRESENT})
+async def _job_changed(labels: kopf.Labels, **_: Any) -> None:
+    _wake(labels.get(SHARE_POLICY_LABEL))
+
+
+@kopf.on.event(GROUP, VERSION, CTD_PLURAL, labels={SHARE_POLICY_LABEL: kopf.PRESENT})
+async def _member_ctd_changed(labels: kopf.Labels, **_: Any) -> None:
+    _wake(labels.get(SHARE_POLICY_LABEL))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def _node_changed(type: str | None, body: kopf.Body, name: str, **_: Any) -> None:
+    # Heartbeats change a node often; only a change that moves the pool wakes the policies.
+    if type == "DELETED":
+        changed = _node_fingerprints.pop(name, None) is not None
+    else:
+        raw = dict(body)
+        labels = json.dumps(dict(body.get("metadata", {}).get("labels") or {}), sort_keys=True)
+        fingerprint = (node_is_usable(raw), node_gpu_memory_mib(raw), labels)
+        changed = _node_fingerprints.get(name) != fingerprint
+        _node_fingerprints[name] = fingerprint
+    if changed:
+        _wake()
+
+
+# --- the API -------------------------------------------------------------------------------
+
+_config_loaded = False
+
+
+async def _load_config() -> None:
+    global _config_loaded
+    if _config_loaded:
+        return
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config()
+    else:
+        await config.load_kube_config()
+    _config_loaded = True
+
+
+async def _json(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a kubernetes_asyncio method and return the raw JSON (camelCase), as the API sent it."""
+    response = await call(*args, _preload_content=False, **kwargs)
+    try:
+        return json.loads(await response.read())
+    finally:
+        response.release()
+
+
+@kopf.on.startup()
+async def ensure_priority_classes(logger: logging.Logger, **_: Any) -> None:
+    await _load_config()
+    async with client.ApiClient() as api:
+        scheduling = client.SchedulingV1Api(api)
+        for manifest in priority_class_manifests():
+            name = manifest["metadata"]["name"]
+            try:
+                await scheduling.create_priority_class(manifest, field_manager=FIELD_MANAGER)
+                logger.info("created PriorityClass %s", name)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                live = await _json(scheduling.read_priority_class, name)
+                if live.get("value") != manifest["value"]:
+                    # value is immutable: say so instead of fighting over it.
+                    logger.warning(
+                        "PriorityClass %s exists with value %s (expected %s): online pods may not preempt offline ones",
+                        name, live.get("value"), manifest["value"],
+                    )
+
+
+# --- one pass ----------------------------------------------------------------------------
+
+
+async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Logger) -> float:
+    """Plan and apply once; returns how long to wait before the next pass (seconds)."""
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    batch = client.BatchV1Api(api)
+    now = clock.now()
+
+    policy = await custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+    previous = policy.get("status") or {}
+    generation = policy.get("metadata", {}).get("generation")
+    try:
+        spec = GPUSharePolicySpec.model_validate(policy.get("spec") or {})
+    except ValidationError as err:
+        message = "; ".join(f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        await _write_invalid(custom, policy, previous, message, now, generation)
+        return CONFIG.resync_seconds
+
+    node_list = await _json(core.list_node, label_selector=selector_string(spec.node_selector) or None)
+    nodes = node_list.get("items") or []
+    per_gpu = largest_gpu_mib(nodes)
+    selector = f"{SHARE_POLICY_LABEL}={name}"
+    ctds = (await custom.list_cluster_custom_object(GROUP, VERSION, CTD_PLURAL, label_selector=selector)).get("items") or []
+    jobs = (await _json(batch.list_job_for_all_namespaces, label_selector=selector)).get("items") or []
+
+    problems: list[str] = []
+    online, offline = [], []
+    bodies: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for ctd in ctds:
+        meta = ctd["metadata"]
+        pods = await _json(core.list_namespaced_pod, meta["namespace"],
+                           label_selector=SERVING_POD_SELECTOR.format(name=meta["name"]))
+        try:
+            online.append(online_member(ctd, pods.get("items") or [], per_gpu))
+            bodies[("ChatTTSDeployment", meta["namespace"], meta["name"])] = ctd
+        except MemberError as err:
+            problems.append(str(err))
+    for job in jobs:
+        meta = job["metadata"]
+        pods = await _json(core.list_namespaced_pod, meta["namespace"],
+                           label_selector=f"batch.kubernetes.io/controller-uid={meta['uid']}")
+        offline.append(offline_member(job, pods.get("items") or [], per_gpu))
+        bodies[(OFFLINE_KIND, meta["namespace"], meta["name"])] = job
+
+    the_plan = plan(spec, online, offline, pool_nodes(nodes), now)
+    done = []
+    for write in writes_for(the_plan, online, offline):
+        try:
+            if write.kind == OFFLINE_KIND:
+                await batch.patch_namespaced_job(
+                    write.name, write.namespace, {"spec": {"suspend": write.suspend}},
+                    field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+                )
+            else:
+                await custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, write.namespace, CTD_PLURAL, write.name,
+                    {"metadata": {"annotations": {
+                        REPLICA_CAP_ANNOTATION: str(write.cap), REPLICA_CAP_REASON_ANNOTATION: write.reason[:1024],
+                    }}},
+                    field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+                )
+        except ApiException as err:
+            # Later writes may depend on this one (a resume on a suspend): stop here and re-plan.
+            logger.warning("share policy %s: %s %s/%s failed: %s", name, write.kind, write.namespace, write.name, err.reason)
+            problems.append(f"{write.kind} {write.namespace}/{write.name}: write failed ({err.status} {err.reason})")
+            break
+        done.append(write)
+        if write.action is not None or write.kind == OFFLINE_KIND:
+            body = bodies.get((write.kind, write.namespace, write.name))
+            if body is not None:
+                event_type, reason, message = member_event(write)
+                kopf.event(body, type=event_type, reason=reason, message=message)
+
+    status = policy_status(
+        the_plan, online, offline, previous, now, generation, done,
+        overlaps=overlapping_windows(spec, now), problems=problems,
+    )
+    for event_type, reason, message in policy_events(the_plan, previous, done):
+        kopf.event(policy, type=event_type, reason=reason, message=message)
+    if _status_differs(status, previous):
+        await custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, PLURAL, name, {"status": status}, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+        )
+    if not the_plan.settled or len(done) < len(writes_for(the_plan, online, offline)):
+        return CONFIG.settle_seconds
+    if the_plan.next_change is not None:
+        until = (the_plan.next_change - now).total_seconds()
+        return max(CONFIG.min_interval_seconds, min(CONFIG.resync_seconds, until))
+    return CONFIG.resync_seconds
+
+
+def _status_differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    return json.dumps(new, sort_keys=True, default=str) != json.dumps(
+        {k: old.get(k) for k in new}, sort_keys=True, default=str
+    )
+
+
+async def _write_invalid(custom: client.CustomObjectsApi, policy: dict[str, Any], previous: dict[str, Any],
+                         message: str, now: Any, generation: int | None) -> None:
+    conditions = [c for c in previous.get("conditions") or [] if c.get("type") != "Valid"]
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), None)
+    if old and old.get("status") == "False" and old.get("message") == message:
+        return
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions.append({"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": message,
+                       "lastTransitionTime": stamp, "observedGeneration": generation})
+    kopf.event(policy, type="Warning", reason="InvalidSpec", message=message)
+    await custom.patch_cluster_custom_object_status(
+        GROUP, VERSION, PLURAL, policy["metadata"]["name"],
+        {"status": {"observedGeneration": generation, "conditions": conditions}},
+        field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+    )
+
+
+# --- the loop per policy -------------------------------------------------------------------
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="share-policy", cancellation_timeout=10.0)
+async def share_policy_daemon(name: str, logger: logging.Logger, **_: Any) -> None:
+    wake = _wakeups.setdefault(name, asyncio.Event())
+    failures = 0
+    await _load_config()
+    try:
+        async with client.ApiClient() as api:
+            while True:
+                wake.clear()
+                try:
+                    delay = await reconcile_policy(api, name, logger)
+                    failures = 0
+                except ApiException as err:
+                    if err.status == 404:
+                        return  # the policy is gone; kopf stops the daemon too
+                    failures += 1
+                    logger.warning("share policy %s: API error %s %s; retrying", name, err.status, err.reason)
+                    delay = min(CONFIG.resync_seconds, CONFIG.settle_seconds * 2 ** min(failures, 5))
+                except (MemberError, ValueError) as err:
+                    logger.error("share policy %s: %s", name, err)
+                    delay = CONFIG.resync_seconds
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=delay)
+                except asyncio.TimeoutError:
+                    pass
+                await asyncio.sleep(CONFIG.min_interval_seconds)
+    finally:
+        if _wakeups.get(name) is wake:
+            del _wakeups[name]
+
+
+__all__ = ["CONFIG", "KIND", "configure", "reconcile_policy", "share_policy_daemon"]

@@ -1,0 +1,144 @@
+"""API objects -> planner members, and plan -> ordered writes, status and Events."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from chattts_operator.api.sharepolicy import GPUSharePolicySpec, GPUSharePolicyStatus
+from chattts_operator.scheduling.observe import largest_gpu_mib, offline_member, online_member, pool_nodes
+from chattts_operator.scheduling.planner import plan
+from chattts_operator.scheduling.priorityclasses import priority_class_manifests
+from chattts_operator.scheduling.report import policy_events, policy_status, writes_for
+
+UTC = timezone.utc
+NOON = datetime(2026, 6, 1, 12, tzinfo=UTC)
+POLICY = GPUSharePolicySpec.model_validate({
+    "nodeSelector": {},
+    "windows": [
+        {"name": "day", "start": "08:00", "end": "20:00", "online": 80, "offline": 20},
+        {"name": "night", "start": "20:00", "end": "08:00", "online": 60, "offline": 40},
+    ],
+})
+
+
+def node(name, mib, ready="True"):
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": str(mib // 2)}},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu.memory": str(mib), "nvidia.com/gpu": "2"},
+                   "conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def ctd(name, replicas=4, memory="10000Mi", cap=None, autoscaling=None, limits=None):
+    obj = {"metadata": {"name": name, "namespace": "serving", "annotations": {}},
+           "spec": {"replicas": replicas, "gpu": {"memory": memory, "count": 1}}}
+    if cap is not None:
+        obj["metadata"]["annotations"]["tts.chattts.io/replica-cap"] = str(cap)
+    if autoscaling:
+        obj["spec"]["autoscaling"] = autoscaling
+    if limits:
+        obj["status"] = {"gpu": {"limits": limits}}
+    return obj
+
+
+def job(name, suspend=False, priority=None, mib=20000, parallelism=1, completions=None, succeeded=0, conditions=()):
+    obj = {
+        "metadata": {"name": name, "namespace": "batch", "uid": f"uid-{name}", "creationTimestamp": "2026-06-01T00:00:00Z",
+                     "annotations": {}},
+        "spec": {"suspend": suspend, "parallelism": parallelism,
+                 "template": {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu.memory": str(mib)}}}]}}},
+        "status": {"succeeded": succeeded, "conditions": list(conditions)},
+    }
+    if completions is not None:
+        obj["spec"]["completions"] = completions
+    if priority is not None:
+        obj["metadata"]["annotations"]["tts.chattts.io/offline-priority"] = str(priority)
+    return obj
+
+
+def pods(*phases):
+    return [{"status": {"phase": p}} for p in phases]
+
+
+def test_pool_nodes_skip_gpu_less_and_mark_unready():
+    cpu_node = {"metadata": {"name": "cpu"}, "spec": {}, "status": {"allocatable": {"cpu": "8"}, "conditions": []}}
+    got = pool_nodes([node("b", 100_000), node("a", 50_000, ready="False"), cpu_node])
+    assert [(n.name, n.gpu_memory_mib, n.usable) for n in got] == [("a", 50_000, False), ("b", 100_000, True)]
+    assert largest_gpu_mib([node("b", 100_000), node("a", 50_000)]) == 50_000
+
+
+def test_online_member_from_a_ctd():
+    m = online_member(ctd("tts", replicas=4, memory="10000Mi", cap=3), pods("Running", "Running", "Pending", "Succeeded"), 80_000)
+    assert (m.per_replica_mib, m.wanted_replicas, m.current_cap, m.observed_pods) == (10_000, 4, 3, 3)
+    # Autoscaling: the cap clamps the autoscaler's max, so that is what it wants.
+    m = online_member(ctd("tts", replicas=2, autoscaling={"enabled": True, "maxReplicas": 9}), [], 80_000)
+    assert m.wanted_replicas == 9
+    # Resolved limits win over the spec (whole-GPU profile: a whole GPU's memory).
+    m = online_member(ctd("tts", limits={"nvidia.com/gpu": "1"}), [], 80_000)
+    assert m.per_replica_mib == 80_000
+
+
+def test_offline_member_from_a_job():
+    j = offline_member(job("q", suspend=True, priority=5, parallelism=3, completions=4, succeeded=2), pods("Running"), 0)
+    assert (j.per_pod_mib, j.parallelism, j.suspended, j.priority, j.observed_pods) == (20_000, 2, True, 5, 1)
+    done = offline_member(job("d", conditions=[{"type": "Complete", "status": "True"}]), [], 0)
+    assert done.finished
+
+
+def test_writes_are_ordered_and_quiet_caps_are_recorded():
+    online = [online_member(ctd("new", replicas=20), [], 0), online_member(ctd("old", replicas=2, cap=5), pods("Running", "Running"), 0)]
+    # a's pod has not started yet, so suspending it frees its share at once and b may resume.
+    offline = [offline_member(job("a", priority=1), [], 0), offline_member(job("b", suspend=True, priority=9), [], 0)]
+    p = plan(POLICY, online, offline, pool_nodes([node("n", 100_000)]), NOON)
+    writes = writes_for(p, online, offline)
+    assert [(w.kind, w.name, w.suspend, w.cap, w.action.action if w.action else None) for w in writes] == [
+        ("Job", "a", True, None, "Suspend"),
+        ("ChatTTSDeployment", "new", None, 6, "ScaleDown"),
+        ("ChatTTSDeployment", "old", None, 2, None),
+        ("Job", "b", False, None, "Resume"),
+    ]
+    # With a's pod still running, b's resume waits for it to go.
+    offline[0] = offline_member(job("a", priority=1), pods("Running"), 0)
+    p = plan(POLICY, online, offline, pool_nodes([node("n", 100_000)]), NOON)
+    assert [w.name for w in writes_for(p, online, offline)] == ["a", "new", "old"] and not p.settled
+
+
+def test_status_and_events():
+    online = [online_member(ctd("tts", replicas=10, cap=8), pods(*["Running"] * 8), 0)]
+    offline = [offline_member(job("a"), pods("Running"), 0)]
+    night = datetime(2026, 6, 1, 21, tzinfo=UTC)
+    p = plan(POLICY, online, offline, pool_nodes([node("n", 100_000)]), night)
+    writes = writes_for(p, online, offline)
+    status = policy_status(p, online, offline, {"window": "day", "shares": {"online": 80, "offline": 20}}, night, 4, writes)
+    GPUSharePolicyStatus.model_validate(status)  # the CRD's status schema accepts it
+    assert status["window"] == "night" and status["nextChange"] == "2026-06-02T08:00:00Z"
+    assert status["shares"] == {"online": 60, "offline": 40}
+    assert status["budget"] == {"onlineMiB": 60_000, "offlineMiB": 40_000}
+    assert status["used"]["totalMiB"] <= status["pool"]["gpuMemoryMiB"]
+    assert [a["action"] for a in status["lastActions"]] == ["ScaleDown"]
+    assert status["lastActions"][0]["time"] == "2026-06-01T21:00:00Z"
+    balanced = next(c for c in status["conditions"] if c["type"] == "Balanced")
+    assert balanced["status"] == "True"
+    members = {m["name"]: m for m in status["members"]}
+    assert members["tts"]["replicaCap"] == 6 and members["a"]["state"] == "Running"
+    events = policy_events(p, {"window": "day", "shares": {"online": 80, "offline": 20}}, writes)
+    assert [e[1] for e in events] == ["WindowChanged", "ScaledDown"]
+    # Same window, nothing done: no Events, and lastTransitionTime is kept.
+    later = policy_status(p, online, offline, status, datetime(2026, 6, 1, 22, tzinfo=UTC), 4, [])
+    assert later["conditions"] == status["conditions"]
+    assert policy_events(p, status, []) == []
+
+
+def test_actions_kept_are_bounded():
+    online = [online_member(ctd("tts", replicas=10, cap=8), pods(*["Running"] * 8), 0)]
+    p = plan(POLICY, online, [], pool_nodes([node("n", 100_000)]), datetime(2026, 6, 1, 21, tzinfo=UTC))
+    writes = writes_for(p, online, [])
+    previous = {"lastActions": [{"time": "t", "action": "ScaleUp", "kind": "x", "namespace": "n", "name": str(i), "reason": ""} for i in range(20)]}
+    status = policy_status(p, online, [], previous, NOON, 1, writes)
+    assert len(status["lastActions"]) == 20 and status["lastActions"][-1]["action"] == "ScaleDown"
+
+
+def test_priority_classes():
+    online, offline = priority_class_manifests()
+    assert online["value"] > offline["value"]
+    assert online["preemptionPolicy"] == "PreemptLowerPriority" and offline["preemptionPolicy"] == "Never"
