@@ -56,6 +56,18 @@ def test_parse_real_exposition_sums_label_sets():
     assert scrape.running == 5 and scrape.waiting == 1
 
 
+def test_parse_prefers_the_runtime_gauges():
+    m = RuntimeMetrics()
+    m.wait.labels("a").observe(0.001)
+    m.running.labels("a").set(9)
+    m.waiting.labels("a").set(2)
+    own = Gauge("chattts_requests_running", "running", registry=m.registry)
+    own.set(4)
+    scrape = parse_pod_metrics(m.text(), 0.0)
+    assert scrape.running == 4  # chattts_requests_running wins over vllm:num_requests_running
+    assert scrape.waiting == 2  # no chattts_requests_waiting: vllm:num_requests_waiting
+
+
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "vllm:num_requests_running 3\n"])
 def test_parse_without_the_histogram_is_an_error(text):
     with pytest.raises(MetricError, match="no vllm:scheduler_deadline_wait_seconds"):

@@ -5,10 +5,11 @@ Parsing and aggregation are pure (``parse_pod_metrics``, ``histogram_quantile``,
 ``fleet_sample``); only ``scrape`` and ``query_prometheus`` do I/O (aiohttp, which the
 async Kubernetes client already depends on).
 
-Metric names are the runtime's (``chattts_runtime``), vLLM-compatible:
-``vllm:scheduler_deadline_wait_seconds`` (histogram), ``vllm:num_requests_running`` and
-``vllm:num_requests_waiting`` (gauges). Series with several label sets (e.g. one per
-served model) are summed.
+Metric names are the runtime's (``chattts_runtime.metrics``):
+``vllm:scheduler_deadline_wait_seconds`` (histogram) and the queue gauges
+``chattts_requests_running`` / ``chattts_requests_waiting``; vLLM's own
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` are used when the
+runtime's are absent. Series with several label sets (e.g. one per model) are summed.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from chattts_operator.autoscaling.decision import FleetSample
 
 WAIT_HISTOGRAM = "vllm:scheduler_deadline_wait_seconds"
-RUNNING_GAUGE = "vllm:num_requests_running"
-WAITING_GAUGE = "vllm:num_requests_waiting"
+# In order of preference: the runtime's own gauges, then vLLM's.
+RUNNING_GAUGES = ("chattts_requests_running", "vllm:num_requests_running")
+WAITING_GAUGES = ("chattts_requests_waiting", "vllm:num_requests_waiting")
 
 
 class MetricError(RuntimeError):
@@ -45,7 +47,7 @@ def parse_pod_metrics(text: str, time: float) -> PodScrape:
     """Parse a Prometheus text exposition; MetricError when the wait histogram is absent."""
     buckets: dict[float, float] = {}
     count = None
-    running = waiting = None
+    gauges: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as err:  # the parser raises ValueError and others on bad input
@@ -58,14 +60,14 @@ def parse_pod_metrics(text: str, time: float) -> PodScrape:
                     buckets[bound] = buckets.get(bound, 0.0) + s.value
             elif s.name == WAIT_HISTOGRAM + "_count":
                 count = (count or 0.0) + s.value
-            elif s.name == RUNNING_GAUGE:
-                running = (running or 0.0) + s.value
-            elif s.name == WAITING_GAUGE:
-                waiting = (waiting or 0.0) + s.value
+            elif s.name in RUNNING_GAUGES or s.name in WAITING_GAUGES:
+                gauges[s.name] = gauges.get(s.name, 0.0) + s.value
     if not buckets:
         raise MetricError(f"no {WAIT_HISTOGRAM} histogram in the metrics")
     if count is None:
         count = buckets.get(math.inf, max(buckets.values()))
+    running = next((gauges[n] for n in RUNNING_GAUGES if n in gauges), None)
+    waiting = next((gauges[n] for n in WAITING_GAUGES if n in gauges), None)
     return PodScrape(time, tuple(sorted(buckets.items())), count, running, waiting)
 
 
