@@ -249,11 +249,11 @@ def transitions(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -
     for cond in current:
         if before.get(cond["type"]) == cond["status"]:
             continue
-        if before.get(cond["type"]) is None and cond["status"] == "False" and cond["type"] not in _ABNORMAL_FALSE:
-            continue  # a new object starting with Degraded=False is not news
         bad = (cond["type"] in _ABNORMAL_TRUE and cond["status"] == "True") or (
             cond["type"] in _ABNORMAL_FALSE and cond["status"] == "False" and cond["reason"] not in _QUIET_REASONS
         )
+        if before.get(cond["type"]) is None and not bad:
+            continue  # a new object's first, unremarkable conditions are not news
         events.append(("Warning" if bad else "Normal", f"{cond['type']}{cond['status']}",
                        f"{cond['reason']}: {cond['message']}" if cond["message"] else cond["reason"]))
     return events

@@ -1,0 +1,70 @@
+"""``chattts-operator``: run the operator, or print the CRDs.
+
+    chattts-operator run [--namespace NS ...|--all-namespaces] [--liveness URL] [--verbose]
+    chattts-operator crds | kubectl apply --server-side -f -
+
+Settings come from CHATTTS_OPERATOR_* variables (settings.py); a bad one stops the
+operator before it connects to anything.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from chattts_operator.settings import OperatorSettings, SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chattts-operator", description="ChatTTS Kubernetes operator")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the operator (the default)")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="watch this namespace (repeatable); default: CHATTTS_OPERATOR_WATCH_NAMESPACES, "
+                            "else the whole cluster")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    run.add_argument("--liveness", default=None,
+                     help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz "
+                          "(default: CHATTTS_OPERATOR_HEALTH_PORT)")
+    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("--debug", action="store_true")
+    sub.add_parser("crds", help="print the CRDs as YAML")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]
+    args = build_parser().parse_args(argv)
+    if args.command == "crds":
+        from chattts_operator.api import CRD_KINDS
+        from chattts_operator.crdgen import render
+        sys.stdout.write("---\n".join(render(kind) for kind in CRD_KINDS))
+        return 0
+
+    try:
+        settings = OperatorSettings.from_env()
+    except SettingsError as err:
+        print(f"chattts-operator: {err}", file=sys.stderr)
+        return 2
+    namespaces = [] if args.all_namespaces else (args.namespace or list(settings.watch_namespaces))
+    liveness = args.liveness
+    if liveness is None and settings.health_port:
+        liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
+
+    import kopf  # noqa: PLC0415 - keep `crds` and errors fast
+
+    import chattts_operator.handlers  # noqa: F401,PLC0415 - registers the handlers
+
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0

@@ -1,0 +1,260 @@
+"""The reconciler's I/O around the pure decision in ``reconcile.py``.
+
+One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (create,
+update, resume, a change of its Deployment, the periodic resync):
+
+1. build the desired children and the GPU plan from the object (pure);
+2. read each child and server-side apply only those that differ (missing, our intent hash
+   changed, or a field we own was edited by hand);
+3. compute status and patch it only when it differs.
+
+So a resync of an unchanged object makes no write at all. Reconciles of one object never
+overlap (a lock per object) and pile-ups collapse: while one runs, any number of triggers
+for the same object become one follow-up run.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from chattts_operator import metrics
+from chattts_operator.api.chattts import API_VERSION, KIND
+from chattts_operator.kube import Kube, NodeGpuCache
+from chattts_operator.reconcile import (
+    InvalidSpec,
+    Observed,
+    compute_status,
+    desired_state,
+    merge_conditions,
+    needs_apply,
+    parse_spec,
+    status_changed,
+    transitions,
+)
+from chattts_operator.settings import OperatorSettings
+
+log = logging.getLogger("chattts_operator")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queued: bool = False
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.nodes = NodeGpuCache(kube, settings.node_memory_label)
+        self.bodies: dict[Key, dict[str, Any]] = {}  # last seen object per key (from the watch)
+        self.blocked: set[Key] = set()
+        self._slots: dict[Key, _Slot] = {}
+        self.last_resync: float | None = None
+
+    # --- bookkeeping from the watch ---------------------------------------------------------
+
+    def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.bodies.pop(key, None)
+            self.blocked.discard(key)
+            self._slots.pop(key, None)
+        else:
+            self.bodies[key] = body
+        metrics.MANAGED_OBJECTS.set(len(self.bodies))
+        metrics.BLOCKED_OBJECTS.set(len(self.blocked))
+
+    # --- entry points -----------------------------------------------------------------------
+
+    async def reconcile_body(self, body: dict[str, Any], trigger: str) -> str:
+        """Reconcile now (used by kopf's create/update/resume handlers)."""
+        self.observe(body)
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        slot = self._slots.setdefault(key, _Slot())
+        async with slot.lock:
+            return await self._reconcile_timed(self.bodies.get(key, body), trigger)
+
+    async def reconcile_key(self, key: Key, trigger: str, live_deployment: dict[str, Any] | None = None) -> str | None:
+        """Reconcile the object last seen under ``key``; coalesces with a run already waiting."""
+        if key not in self.bodies:
+            return None
+        slot = self._slots.setdefault(key, _Slot())
+        if slot.queued:
+            return "coalesced"
+        slot.queued = True
+        async with slot.lock:
+            slot.queued = False
+            body = self.bodies.get(key)
+            if body is None:
+                return None
+            return await self._reconcile_timed(body, trigger, live_deployment=live_deployment)
+
+    async def resync_once(self) -> None:
+        semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
+
+        async def one(key: Key) -> None:
+            async with semaphore:
+                try:
+                    await self.reconcile_key(key, "resync")
+                except Exception:  # noqa: BLE001 - one bad object must not stop the pass
+                    log.exception("resync of %s/%s failed", *key)
+
+        await asyncio.gather(*(one(key) for key in list(self.bodies)))
+        self.last_resync = time.time()
+        metrics.RESYNC_LAST_SUCCESS.set(self.last_resync)
+
+    async def resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_interval_seconds)
+            self.nodes.invalidate()
+            await self.resync_once()
+
+    # --- the reconcile ------------------------------------------------------------------------
+
+    async def _reconcile_timed(self, body: dict[str, Any], trigger: str, **kwargs: Any) -> str:
+        started = time.perf_counter()
+        try:
+            result = await self._reconcile(body, trigger, **kwargs)
+        except Exception as err:
+            metrics.RECONCILES.labels(trigger, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+            raise
+        finally:
+            metrics.RECONCILE_DURATION.labels(trigger).observe(time.perf_counter() - started)
+        metrics.RECONCILES.labels(trigger, result).inc()
+        return result
+
+    async def _reconcile(self, body: dict[str, Any], trigger: str,
+                         live_deployment: dict[str, Any] | None = None) -> str:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp"):
+            return "deleting"  # owner references collect the children
+        previous_status = body.get("status") or {}
+        try:
+            spec = parse_spec(body)
+        except InvalidSpec as err:
+            await self._write_invalid_status(body, previous_status, str(err))
+            return "invalid"
+
+        desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=await self.nodes.largest_gpu_mib())
+        deployment_only = trigger == "deployment" and live_deployment is not None
+        observed = Observed(live_deployment=None)
+        applied_any = False
+        for child in desired.children():
+            kind = child["kind"]
+            if deployment_only and kind != "Deployment":
+                continue
+            live = live_deployment if kind == "Deployment" and live_deployment is not None else None
+            if live is None:
+                live = await self.kube.get(kind, child["metadata"]["namespace"], child["metadata"]["name"])
+            if needs_apply(child, live):
+                try:
+                    live = await self.kube.apply(child)
+                except ApiException as err:
+                    observed.apply_error = f"applying {kind} {child['metadata']['name']}: {err.status} {err.reason}"
+                    log.warning("%s/%s: %s", *key, observed.apply_error)
+                    if err.status in (409, 429) or err.status >= 500:
+                        raise
+                    continue
+                metrics.CHILD_WRITES.labels(kind).inc()
+                applied_any = True
+            if kind == "Deployment":
+                observed.live_deployment = live
+                observed.deployment_applied = observed.apply_error is None
+        if not desired.rollout_allowed:
+            # Nothing applied over the Deployment: report the one that serves, if any.
+            observed.live_deployment = live_deployment or await self.kube.get(
+                "Deployment", desired.owner.namespace, desired.owner.name)
+            self.blocked.add(key)
+        else:
+            self.blocked.discard(key)
+        metrics.BLOCKED_OBJECTS.set(len(self.blocked))
+
+        status = compute_status(desired, observed, previous_status, now_rfc3339())
+        if status_changed(status, previous_status):
+            await self._patch_status(body, status)
+            for event_type, reason, message in transitions(previous_status.get("conditions") or [],
+                                                             status["conditions"]):
+                await self._post_event(body, event_type, reason, message)
+        if applied_any:
+            return "applied"
+        return "blocked" if not desired.rollout_allowed else "noop"
+
+    async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        try:
+            updated = await self.kube.patch_status(KIND, meta["namespace"], meta["name"], status)
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile
+            raise
+        metrics.STATUS_WRITES.inc()
+        key = (meta["namespace"], meta["name"])
+        if key in self.bodies and isinstance(updated, dict) and updated.get("metadata"):
+            # Our own write is the freshest view until the watch catches up.
+            self.bodies[key] = updated
+
+    async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
+        gen = int(body["metadata"].get("generation") or 1)
+        cond = {"type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": message,
+                "observedGeneration": gen}
+        kept = [c for c in previous.get("conditions") or [] if c.get("type") != "Degraded"]
+        conditions = merge_conditions(previous.get("conditions") or [], [cond], now_rfc3339())
+        status = {"observedGeneration": gen, "phase": "Invalid",
+                  "conditions": kept + conditions}
+        if status_changed(status, previous):
+            await self._patch_status(body, status)
+            await self._post_event(body, "Warning", "InvalidSpec", message)
+
+    async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
+        meta = body["metadata"]
+        stamp = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": reason[:128],
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": "chattts-operator"},
+            "reportingComponent": "chattts-operator",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.kube.create_event(meta["namespace"], event)
+        except ApiException as err:
+            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+def owner_key(deployment: dict[str, Any]) -> Key | None:
+    """The ChatTTSDeployment controlling a Deployment, from its owner reference."""
+    meta = deployment.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(API_VERSION.split("/")[0]) \
+                and ref.get("controller"):
+            return meta.get("namespace"), ref.get("name")
+    return None
+
+
+def copy_body(body: Any) -> dict[str, Any]:
+    return copy.deepcopy(dict(body))
