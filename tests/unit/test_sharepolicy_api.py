@@ -61,3 +61,21 @@ def test_parse_clock_time(text, value):
 def test_parse_clock_time_rejects(bad):
     with pytest.raises(ValueError, match="HH:MM"):
         parse_clock_time(bad)
+
+
+def test_the_examples_are_valid():
+    from pathlib import Path
+
+    import yaml
+
+    from chattts_operator.scheduling.observe import offline_member
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+    policy = yaml.safe_load((root / "gpusharepolicy.yaml").read_text())
+    spec = GPUSharePolicySpec.model_validate(policy["spec"])
+    assert [w.name for w in spec.windows] == ["day", "night", "launch-peak"]
+    job = yaml.safe_load((root / "gpusharepolicy-batch-synthesis-job.yaml").read_text())
+    assert job["metadata"]["labels"]["tts.chattts.io/share-policy"] == policy["metadata"]["name"]
+    job["metadata"].update(namespace="batch", uid="u")
+    member = offline_member(job, [], per_gpu_mib=143_771)
+    assert member.suspended and member.per_pod_mib == 16_384 and member.priority == 10

@@ -142,3 +142,10 @@ def test_priority_classes():
     online, offline = priority_class_manifests()
     assert online["value"] > offline["value"]
     assert online["preemptionPolicy"] == "PreemptLowerPriority" and offline["preemptionPolicy"] == "Never"
+
+
+def test_a_deployment_set_to_more_replicas_than_pods_counts_as_held():
+    dep = {"spec": {"replicas": 7}, "status": {"replicas": 5}}
+    m = online_member(ctd("tts", replicas=10, cap=4), pods("Running") * 1, 0, dep)
+    assert m.observed_pods == 7
+    assert online_member(ctd("tts"), pods("Running", "Running"), 0, None).observed_pods == 2

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from chattts_operator.api.chattts import PLURAL as CTD_PLURAL
 from chattts_operator.api.sharepolicy import (
     GROUP,
     KIND,
@@ -39,6 +40,8 @@ from chattts_operator.api.sharepolicy import (
     VERSION,
     GPUSharePolicySpec,
 )
+from chattts_operator.builders import deployment_name, selector_string as serving_pod_selector
+from chattts_operator.kube import make_api_client
 from chattts_operator.scheduling import clock
 from chattts_operator.scheduling.observe import (
     MemberError,
@@ -54,10 +57,7 @@ from chattts_operator.scheduling.resources import node_gpu_memory_mib, node_is_u
 from chattts_operator.scheduling.windows import overlapping_windows
 
 FIELD_MANAGER = "chattts-operator"
-CTD_PLURAL = "chattsdeployments"
 MERGE_PATCH = "application/merge-patch+json"
-# Labels the deployment builder puts on serving pods (CONTRIBUTING.md's fixed names).
-SERVING_POD_SELECTOR = "app.kubernetes.io/component=tts-server,app.kubernetes.io/instance={name}"
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +124,6 @@ async def _node_changed(type: str | None, body: kopf.Body, name: str, **_: Any) 
 
 # --- the API -------------------------------------------------------------------------------
 
-_config_loaded = False
-
-
-async def _load_config() -> None:
-    global _config_loaded
-    if _config_loaded:
-        return
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()
-    else:
-        await config.load_kube_config()
-    _config_loaded = True
-
-
 async def _json(call: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a kubernetes_asyncio method and return the raw JSON (camelCase), as the API sent it."""
     response = await call(*args, _preload_content=False, **kwargs)
@@ -149,8 +135,7 @@ async def _json(call: Any, *args: Any, **kwargs: Any) -> Any:
 
 @kopf.on.startup()
 async def ensure_priority_classes(logger: logging.Logger, **_: Any) -> None:
-    await _load_config()
-    async with client.ApiClient() as api:
+    async with await make_api_client() as api:
         scheduling = client.SchedulingV1Api(api)
         for manifest in priority_class_manifests():
             name = manifest["metadata"]["name"]
@@ -177,6 +162,7 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
     custom = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
     batch = client.BatchV1Api(api)
+    apps = client.AppsV1Api(api)
     now = clock.now()
 
     policy = await custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
@@ -202,9 +188,10 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
     for ctd in ctds:
         meta = ctd["metadata"]
         pods = await _json(core.list_namespaced_pod, meta["namespace"],
-                           label_selector=SERVING_POD_SELECTOR.format(name=meta["name"]))
+                           label_selector=serving_pod_selector(meta["name"]))
+        deployment = await _read_or_none(apps.read_namespaced_deployment, deployment_name(meta["name"]), meta["namespace"])
         try:
-            online.append(online_member(ctd, pods.get("items") or [], per_gpu))
+            online.append(online_member(ctd, pods.get("items") or [], per_gpu, deployment))
             bodies[("ChatTTSDeployment", meta["namespace"], meta["name"])] = ctd
         except MemberError as err:
             problems.append(str(err))
@@ -262,6 +249,15 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
     return CONFIG.resync_seconds
 
 
+async def _read_or_none(call: Any, *args: Any) -> dict[str, Any] | None:
+    try:
+        return await _json(call, *args)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
 def _status_differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
     return json.dumps(new, sort_keys=True, default=str) != json.dumps(
         {k: old.get(k) for k in new}, sort_keys=True, default=str
@@ -292,9 +288,8 @@ async def _write_invalid(custom: client.CustomObjectsApi, policy: dict[str, Any]
 async def share_policy_daemon(name: str, logger: logging.Logger, **_: Any) -> None:
     wake = _wakeups.setdefault(name, asyncio.Event())
     failures = 0
-    await _load_config()
     try:
-        async with client.ApiClient() as api:
+        async with await make_api_client() as api:
             while True:
                 wake.clear()
                 try:

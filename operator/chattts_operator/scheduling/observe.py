@@ -55,8 +55,17 @@ def _int_annotation(obj: Mapping[str, Any], key: str) -> int | None:
         return None
 
 
-def online_member(ctd: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per_gpu_mib: int) -> OnlineMember:
+def online_member(
+    ctd: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    per_gpu_mib: int,
+    deployment: Mapping[str, Any] | None = None,
+) -> OnlineMember:
     """A ChatTTSDeployment as an online member.
+
+    Pods it holds: its serving pods that exist, or as many as its Deployment is set to run
+    (``spec.replicas``, ``status.replicas``) if more: a cap just lowered takes effect only
+    when the Deployment has been scaled and its pods are gone.
 
     MiB per replica: the GPU resources the operator resolved for its pods
     (``status.gpu.limits``) when known, else ``spec.gpu.memory x spec.gpu.count``.
@@ -86,8 +95,16 @@ def online_member(ctd: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per
         per_replica_mib=per_replica,
         wanted_replicas=max(wanted, 0),
         current_cap=_int_annotation(ctd, REPLICA_CAP_ANNOTATION),
-        observed_pods=live_pods(pods),
+        observed_pods=max(live_pods(pods), _deployment_replicas(deployment)),
     )
+
+
+def _deployment_replicas(deployment: Mapping[str, Any] | None) -> int:
+    if not deployment:
+        return 0
+    spec = int((deployment.get("spec") or {}).get("replicas", 1) or 0)
+    status = int((deployment.get("status") or {}).get("replicas", 0) or 0)
+    return max(spec, status)
 
 
 def job_finished(job: Mapping[str, Any]) -> bool:
