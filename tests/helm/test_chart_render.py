@@ -140,8 +140,11 @@ def test_rbac_has_no_wildcards(helm: Helm, values):
 def test_watch_namespaces_turn_into_roles_in_each_namespace(helm: Helm):
     objects = helm.render(EVERYTHING_ON)
     sa = one(objects, "ServiceAccount")["metadata"]
-    roles = by_kind(objects, "Role")
-    bindings = by_kind(objects, "RoleBinding")
+    # The operator's own namespace gets only Event creation (kopf posts cluster-scoped objects' Events there).
+    (events_role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "chattts-system"]
+    assert events_role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] != "chattts-system"]
+    bindings = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] != "chattts-system"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["tts-a", "tts-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["tts-a", "tts-b"]
     for binding in bindings:
@@ -238,3 +241,19 @@ def test_service_account_can_be_brought_by_the_user(helm: Helm):
     assert all(s["name"] == "platform-sa" for b in by_kind(objects, "ClusterRoleBinding") for s in b["subjects"])
     result = helm.template({"serviceAccount": {"create": False}}, check=False)
     assert result.returncode != 0 and "serviceAccount.name is required" in result.stderr
+
+
+@pytest.mark.parametrize("values", [None, EVERYTHING_ON, {"operator": {"logLevel": "debug"}}],
+                         ids=["cluster-wide", "namespaced", "debug"])
+def test_args_are_what_the_operator_cli_accepts(helm: Helm, values):
+    from chattts_operator.cli import build_parser
+
+    container = operator_container(helm.render(values))
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "run"
+    assert args.liveness == f"http://0.0.0.0:{env_of(container)['CHATTTS_OPERATOR_HEALTH_PORT']}/healthz"
+    if values is EVERYTHING_ON:
+        assert args.namespace == ["tts-a", "tts-b"] and not args.all_namespaces
+    else:
+        assert args.all_namespaces and not args.namespace
+    assert args.debug == (values is not None and values.get("operator", {}).get("logLevel") == "debug")

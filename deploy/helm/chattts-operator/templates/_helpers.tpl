@@ -78,6 +78,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- else }}
 - --all-namespaces
 {{- end }}
+{{- if eq .Values.operator.logLevel "debug" }}
+- --debug
+{{- else if eq .Values.operator.logLevel "info" }}
+- --verbose
+{{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -119,4 +124,6 @@ its own fields are set here. */}}
   value: {{ .Values.gpu.nodeProductLabel | quote }}
 - name: CHATTTS_OPERATOR_GPU_TOLERATION_KEY
   value: {{ .Values.gpu.tolerationKey | quote }}
+- name: CHATTTS_AUTOSCALER_INTERVAL_SECONDS
+  value: {{ .Values.autoscaler.intervalSeconds | quote }}
 {{- end }}

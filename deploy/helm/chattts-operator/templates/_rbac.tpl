@@ -1,30 +1,85 @@
 {{/*
-Rules on cluster-scoped objects. Every rule names the call sites in the operator that need it.
+RBAC rules, derived from the API calls in operator/chattts_operator (each rule names its
+callers). Verbs: kopf watches need list+watch; server-side apply needs patch, and create
+when the object does not exist yet; kopf keeps its progress annotations and finalizers with
+patch. Children are removed by the garbage collector (owner references), so no delete.
+tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 */}}
+
+{{/* Rules on cluster-scoped objects (and the cross-namespace reads of GPUSharePolicy passes). */}}
 {{- define "chattts-operator.clusterRules" -}}
 # kopf: discovers its resources and notices CRDs installed or upgraded after it started.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
+# handlers/sharepolicy.py: one daemon per policy (kopf keeps a finalizer and annotations on it).
+- apiGroups: ["tts.chattts.io"]
+  resources: ["gpusharepolicies"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["tts.chattts.io"]
+  resources: ["gpusharepolicies/status"]
+  verbs: ["patch"]
+# kube.py NodeGpuCache (largest GPU, by label) and handlers/sharepolicy.py (pool nodes, node watch).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+# handlers/sharepolicy.py ensure_priority_classes: creates chattts-online/-offline if absent,
+# reads them back otherwise. create cannot be limited to names; get is.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["create"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  resourceNames: ["chattts-online", "chattts-offline"]
+  verbs: ["get"]
 {{- if .Values.watchNamespaces }}
 # kopf: with a namespace list it follows which of them exist.
 - apiGroups: [""]
   resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
 
-{{/*
-Rules inside the watched namespaces.
-*/}}
+{{/* Rules inside the watched namespaces (every namespace when watchNamespaces is empty). */}}
 {{- define "chattts-operator.namespacedRules" -}}
+# handlers/chattts.py + controller.py: watch, read, kopf annotations/finalizer;
+# handlers/sharepolicy.py: replica-cap annotations on member ChatTTSDeployments.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments"]
   verbs: ["get", "list", "watch", "patch"]
+# controller.py and handlers/autoscaling.py write status.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/status"]
-  verbs: ["get", "patch"]
-# kopf posts Events about handler progress and failures.
+  verbs: ["patch"]
+# handlers/autoscaling.py: spec.replicas through the scale subresource.
+- apiGroups: ["tts.chattts.io"]
+  resources: ["chattsdeployments/scale"]
+  verbs: ["patch"]
+# Children carry blockOwnerDeletion owner references: clusters with the
+# OwnerReferencesPermissionEnforcement admission plugin require this.
+- apiGroups: ["tts.chattts.io"]
+  resources: ["chattsdeployments/finalizers"]
+  verbs: ["update"]
+# controller.py: server-side apply of the children (read first, create or patch).
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+# ... and the serving Deployments, also watched (handlers/chattts.py) to refresh status.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# handlers/autoscaling.py (Ready pods to scrape) and handlers/sharepolicy.py (members' pods).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# handlers/sharepolicy.py: offline members are watched, listed and suspended/resumed.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "patch"]
+# controller.py and kopf post Events.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
