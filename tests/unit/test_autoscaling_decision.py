@@ -182,11 +182,11 @@ def test_shrink_needs_a_margin_over_the_tolerance_band():
     assert with_margin.desired_replicas == 3
 
 
-def test_noise_in_one_sample_does_not_scale_up_but_a_burst_does():
+def test_noise_in_one_sample_does_not_scale_up_but_a_sustained_burst_does():
     calm = steady(running=15.0, ready=2)
     noisy = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 20.0})]
     assert decide(spec(), 2, noisy, History(), NOW).desired_replicas == 2
-    burst = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 45.0})]
+    burst = calm[:-2] + [FleetSample(**{**x.__dict__, "requests_running": 45.0}) for x in calm[-2:]]
     assert decide(spec(), 2, burst, History(), NOW).desired_replicas == math.ceil(45.0 / LIMIT)
 
 
@@ -195,7 +195,8 @@ def test_noise_in_one_sample_does_not_scale_up_but_a_burst_does():
     [
         ([10.0, 10.0, 10.0, 10.0], (10.0, 10.0)),
         ([8.0, 12.0, 8.0, 12.0], (10.0, 12.0)),
-        ([10.0, 10.0, 10.0, 30.0], (30.0, 30.0)),  # beyond 3 sigma of the mean: a burst
+        ([10.0, 10.0, 10.0, 30.0], (15.0, 30.0)),  # one high sample: noise
+        ([10.0, 10.0, 30.0, 32.0], (30.0, 30.0)),  # two beyond 3 sigma of the older ones: a burst
     ],
 )
 def test_fleet_demand_low_high(values, expected):

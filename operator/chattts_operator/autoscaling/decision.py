@@ -133,15 +133,22 @@ def fleet_demand(samples: Sequence[FleetSample]) -> tuple[float, float] | None:
 
     Gauges read at one instant are noisy (Poisson), so growth needs the window mean and
     the newest sample to agree (low = the smaller), and shrinking needs both to allow it
-    (high = the larger). A newest sample above the mean by more than Poisson noise means
-    a burst has begun: both estimates follow it at once (new replicas take minutes)."""
+    (high = the larger). When the two newest samples both stand above the older ones by
+    more than Poisson noise, a burst has begun: growth follows it at once (new replicas
+    take minutes to start); one high sample alone is noise."""
     values = [s.demand for s in samples if s.demand is not None]
     if not values:
         return None
     mean = sum(values) / len(values)
     latest = values[-1]
-    if latest > mean + 3.0 * math.sqrt(max(mean, 1.0)):
-        return latest, latest
+    if len(values) >= 3:
+        # Two newest samples both beyond 3 sigma of the older ones' Poisson noise: a burst.
+        older = values[:-2]
+        base = sum(older) / len(older)
+        bar = base + 3.0 * math.sqrt(max(base, 1.0))
+        if values[-2] > bar and latest > bar:
+            level = min(values[-2], latest)
+            return level, max(level, mean)
     return min(mean, latest), max(mean, latest)
 
 
