@@ -1,0 +1,336 @@
+"""The ``vllm`` engine: vLLM's async engine in this process, serving the ChatTTS plugin model.
+
+vLLM's ``AsyncLLM`` (engine core in a child process, continuous batching, paged KV
+cache) runs ``chattts_runtime.vllm_plugin.model.ChatTTSForAudioCodes``. Each request
+goes in as the prompt's token ids plus a payload (speaker, sampling settings) in
+``SamplingParams.extra_args``; each step comes back as one token (codebook 0) whose
+logprobs name codebooks 1..3 (see ``vllm_plugin/layout.py``), and is streamed out as a
+:class:`FrameChunk` at once.
+
+Two pure functions carry the configuration: :func:`engine_cli_args` renders a
+``RuntimeConfig`` into vLLM command-line arguments (every engine knob), and
+:func:`parse_engine_args` turns them into ``AsyncEngineArgs`` with vLLM's own parser,
+so the arguments the operator renders are checked by vLLM itself (tests do it).
+
+``scheduler_deadline_wait`` is taken from vLLM's per-request ``scheduled_ts`` (engine
+core, ``time.monotonic``: one clock for all processes on a Linux host) minus our own
+arrival time; with log stats disabled, the first output's arrival is used instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from chattts_runtime.config import RuntimeConfig, WeightFormat
+from chattts_runtime.engines.base import (
+    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver,
+    SynthesisRequest)
+from chattts_runtime.model.config import GPT_DIR
+from chattts_runtime.vllm_plugin import LOGITS_PROCESSOR
+from chattts_runtime.vllm_plugin.layout import ARCHITECTURE, FrameDecodeError, TokenLayout
+
+log = logging.getLogger(__name__)
+
+# Flags the ChatTTS plugin needs set its own way; a user's extra_args may not change them.
+PLUGIN_FLAGS = frozenset({
+    "--skip-tokenizer-init", "--logits-processors", "--logprobs-mode", "--max-logprobs",
+    "--async-scheduling", "--no-async-scheduling",
+})
+_QUANTIZATION = {WeightFormat.AWQ: "awq", WeightFormat.COMPRESSED_TENSORS: "compressed-tensors"}
+
+
+def engine_cli_args(config: RuntimeConfig, layout: TokenLayout, *, model_root: str | Path | None = None) -> list[str]:
+    """``RuntimeConfig`` -> vLLM CLI arguments for the ChatTTS model (pure).
+
+    ``layout`` comes from the checkpoint (``TokenLayout.from_sizes(load_model_sizes(root).gpt)``);
+    ``model_root`` overrides ``config.model.path`` (tests).
+    """
+    e = config.engine
+    for arg in e.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in PLUGIN_FLAGS:
+            raise ValueError(f"engine.extra_args may not set {flag}: the ChatTTS vLLM plugin manages it")
+    root = Path(model_root if model_root is not None else config.model.path)
+    overrides: dict[str, Any] = {"architectures": [ARCHITECTURE], "vocab_size": layout.vocab_size}
+    if e.rope_theta is not None:
+        overrides["rope_parameters"] = {"rope_type": "default", "rope_theta": e.rope_theta}
+    args = [
+        "--model", str(root / GPT_DIR),
+        "--served-model-name", config.model.served_name,
+        "--dtype", e.dtype,
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--gpu-memory-utilization", str(e.gpu_memory_utilization),
+        "--max-model-len", str(e.max_model_len),
+        "--kv-cache-dtype", e.kv_cache_dtype,
+        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--tensor-parallel-size", str(e.tensor_parallel_size),
+        "--hf-overrides", json.dumps(overrides, sort_keys=True),
+        # The plugin's wiring: prompts are token ids; frames travel as token + raw-logit "logprobs";
+        # the batch tracker tells the model which request is in which row.
+        "--skip-tokenizer-init",
+        "--logits-processors", LOGITS_PROCESSOR,
+        "--logprobs-mode", "raw_logits",
+        "--max-logprobs", str(layout.num_vq),
+        # Frames are chosen in compute_logits and read back by the next forward pass of the
+        # same request: keep each step's inputs prepared after the previous step's outputs.
+        "--no-async-scheduling",
+    ]
+    if config.model.format in _QUANTIZATION:
+        args += ["--quantization", _QUANTIZATION[config.model.format]]
+    if e.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.speculative_config is not None:
+        args += ["--speculative-config", json.dumps(e.speculative_config, sort_keys=True)]
+    if e.disable_log_stats:
+        args.append("--disable-log-stats")
+    if e.enforce_eager:
+        args.append("--enforce-eager")
+    return args + list(e.extra_args)
+
+
+def parse_engine_args(args: list[str]):
+    """vLLM CLI arguments -> ``AsyncEngineArgs``, through vLLM's own parser (raises on bad flags)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="chattts-runtime (vllm engine)"))
+    namespace = parser.parse_args(args)
+    return AsyncEngineArgs.from_cli_args(namespace)
+
+
+def speaker_cache_salt(speaker: np.ndarray | None) -> str | None:
+    """Prefix-cache salt: the same prompt ids with another speaker vector are another prefix."""
+    if speaker is None:
+        return None
+    return hashlib.sha256(np.asarray(speaker, np.float32).tobytes()).hexdigest()[:32]
+
+
+@dataclass
+class _Live:
+    request: SynthesisRequest
+    queue: asyncio.Queue
+    task: asyncio.Task | None = None
+    scheduled: bool = False
+    frames: int = 0
+
+
+class _StepObserverLogger:
+    """A vLLM stat logger that reports each engine step's batch size to our observer."""
+
+    def __init__(self, observer: SchedulerObserver):
+        self.observer = observer
+
+    def factory(self, vllm_config, engine_index: int = 0):
+        from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+
+        observer = self.observer
+
+        class StepLogger(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                if scheduler_stats is not None and scheduler_stats.num_running_reqs:
+                    observer.on_step(int(scheduler_stats.num_running_reqs))
+
+            def log_engine_initialized(self):
+                pass
+
+        return StepLogger(vllm_config, engine_index)
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model, config: RuntimeConfig, *, max_waiting: int | None = None,
+                 observer: SchedulerObserver | None = None, model_root: str | Path | None = None):
+        """``model``: the loaded ``ChatTTSModel`` (tokenizer, speakers, decoder; its GPT is not used here)."""
+        self.model = model
+        self.config = config
+        self.observer = observer or NullObserver()
+        self.max_waiting = max_waiting if max_waiting is not None else config.server.max_queue
+        self.layout = TokenLayout.from_sizes(model.sizes.gpt)
+        self.cli_args = engine_cli_args(config, self.layout, model_root=model_root)
+        if config.engine.speculative_config is not None:
+            # vLLM refuses custom logits processors with speculative decoding, and a drafted
+            # token has no frame: say so before spending a minute on start-up.
+            raise EngineError("speculative decoding is not supported for ChatTTS on vLLM: each step's "
+                              "frame is chosen by the model (engine.speculative_config must be unset)")
+        self._llm = None
+        self._live: dict[str, _Live] = {}
+        self._stopping = False
+        self.max_model_len = config.engine.max_model_len
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        from chattts_runtime.vllm_plugin import register  # noqa: PLC0415
+
+        register()  # this process resolves the architecture before the engine core starts
+        engine_args = parse_engine_args(self.cli_args)
+        self._llm = AsyncLLM.from_engine_args(
+            engine_args, stat_loggers=[_StepObserverLogger(self.observer).factory])
+        log.info("vLLM engine ready: %s", " ".join(self.cli_args))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for rid in list(self._live):
+            self.abort(rid)
+        tasks = [live.task for live in self._live.values() if live.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "vllm_args": self.cli_args, "max_waiting": self.max_waiting}
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for live in self._live.values() if not live.scheduled)
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for live in self._live.values() if live.scheduled)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
+        if self._llm is None:
+            raise EngineError("engine not started")
+        if self._stopping:
+            raise EngineStopped("engine is stopping")
+        if request.want_hidden:
+            raise EngineError("the vllm engine streams audio codes only (no GPT hidden states)")
+        if len(request.prompt_ids) + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        if request.request_id in self._live:
+            raise EngineError(f"duplicate request id {request.request_id}")
+        waiting = self.num_waiting
+        if waiting >= self.max_waiting:
+            raise QueueFull(waiting, retry_after=1.0)
+        live = _Live(request, asyncio.Queue())
+        self._live[request.request_id] = live
+        live.task = asyncio.get_running_loop().create_task(self._run(live), name=f"vllm:{request.request_id}")
+        return self._stream(live)
+
+    def abort(self, request_id: str) -> None:
+        live = self._live.get(request_id)
+        if live is not None and live.task is not None and not live.task.done():
+            live.task.cancel()
+
+    async def _stream(self, live: _Live) -> AsyncIterator[FrameChunk]:
+        finished = False
+        try:
+            while not finished:
+                chunk = await live.queue.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(live.request.request_id)
+
+    def _sampling_params(self, request: SynthesisRequest):
+        from vllm import SamplingParams as VLLMSamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        from chattts_runtime.vllm_plugin.frames import request_payload  # noqa: PLC0415
+
+        params = request.params
+        if not params.greedy and params.seed is None:
+            # Every tensor-parallel rank chooses frames itself: they must draw the same numbers.
+            from dataclasses import replace  # noqa: PLC0415
+
+            params = replace(params, seed=random.getrandbits(63))
+        payload = request_payload(key=f"{request.request_id}/{uuid.uuid4().hex}", params=params,
+                                  speaker=request.speaker, speaker_token_id=self.model.tokenizer.spk_emb_id)
+        return VLLMSamplingParams(
+            temperature=0.0,  # the model already chose the frame; vLLM's greedy pick reads it out
+            max_tokens=params.max_new_frames,
+            stop_token_ids=[self.layout.stop_token],
+            logprobs=self.layout.num_vq,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=payload,
+        )
+
+    async def _run(self, live: _Live) -> None:
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
+
+        request = live.request
+        rid = request.request_id
+        num_vq = self.layout.num_vq
+        empty = np.zeros((0, num_vq), np.int64)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        salt = speaker_cache_salt(request.speaker)
+        if salt is not None:
+            prompt["cache_salt"] = salt
+        final: FrameChunk | None = None
+        try:
+            async for out in self._llm.generate(prompt, self._sampling_params(request), request_id=rid):
+                if not live.scheduled:
+                    live.scheduled = True
+                    self.observer.on_scheduled(request, self._deadline_wait(request, out))
+                completion = out.outputs[0]
+                frames = self._frames(completion)
+                live.frames += len(frames)
+                if out.finished:
+                    reason = {"stop": "eos", "length": "length", "abort": "aborted"}.get(
+                        completion.finish_reason or "", completion.finish_reason or "eos")
+                    final = FrameChunk(np.asarray(frames, np.int64).reshape(-1, num_vq), finished=True,
+                                       finish_reason=reason)
+                    break
+                if frames:
+                    live.queue.put_nowait(FrameChunk(np.asarray(frames, np.int64)))
+            if final is None:
+                final = FrameChunk(empty, finished=True, finish_reason="aborted")
+        except asyncio.CancelledError:
+            final = FrameChunk(empty, finished=True, finish_reason="aborted")
+            if self._llm is not None:
+                try:
+                    await self._llm.abort(rid)
+                except Exception:  # the engine may be shutting down
+                    log.debug("abort of %s failed", rid, exc_info=True)
+        except Exception as err:  # one bad request must not take the others down
+            log.exception("vllm request %s failed", rid)
+            final = FrameChunk(empty, finished=True, finish_reason="error", error=str(err))
+        finally:
+            self._live.pop(rid, None)
+            live.queue.put_nowait(final or FrameChunk(empty, finished=True, finish_reason="aborted"))
+
+    def _frames(self, completion) -> list[tuple[int, ...]]:
+        frames = []
+        logprobs = completion.logprobs or []
+        if len(logprobs) != len(completion.token_ids):
+            raise FrameDecodeError("vLLM returned tokens without their logprobs: the engine must run with "
+                                   f"--logprobs-mode raw_logits (got {len(completion.token_ids)} tokens, "
+                                   f"{len(logprobs)} logprob entries)")
+        for token, ranked in zip(completion.token_ids, logprobs):
+            if token == self.layout.stop_token:
+                continue  # an end code: never a frame
+            frames.append(self.layout.decode_frame(token, ranked.keys()))
+        return frames
+
+    @staticmethod
+    def _deadline_wait(request: SynthesisRequest, out) -> float:
+        stats = getattr(out, "metrics", None)
+        scheduled = getattr(stats, "scheduled_ts", 0.0) if stats is not None else 0.0
+        now = time.monotonic()
+        if scheduled and scheduled <= now:
+            return max(0.0, scheduled - request.arrival)
+        return max(0.0, now - request.arrival)
