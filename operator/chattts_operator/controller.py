@@ -25,7 +25,9 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator import metrics
-from chattts_operator.api.chattts import API_VERSION, KIND
+from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
+from chattts_operator.api.quantization import QuantizationPlan, job_selector, plan_quantization
+from chattts_operator.gpu import GpuAssignmentError, assign_gpu, node_affinity
 from chattts_operator.kube import Kube, NodeGpuCache
 from chattts_operator.reconcile import (
     InvalidSpec,
@@ -151,6 +153,10 @@ class Controller:
             await self._write_invalid_status(body, previous_status, str(err))
             return "invalid"
 
+        # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
+        quantization = await self._reconcile_quantization(body, spec, previous_status)
+        if quantization is not None and quantization.model_override is not None:
+            spec = spec.model_copy(update={"model": ModelSpec.model_validate(quantization.model_override)})
         desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=await self.nodes.largest_gpu_mib())
         deployment_only = trigger == "deployment" and live_deployment is not None
         observed = Observed(live_deployment=None)
@@ -186,6 +192,12 @@ class Controller:
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
 
         status = compute_status(desired, observed, previous_status, now_rfc3339())
+        if quantization is not None and quantization.condition is not None:
+            status["conditions"] = status["conditions"] + merge_conditions(
+                previous_status.get("conditions") or [], [quantization.condition], now_rfc3339())
+            status["quantization"] = quantization.status
+        elif previous_status.get("quantization") is not None:
+            status["quantization"] = None
         if status_changed(status, previous_status):
             await self._patch_status(body, status)
             for event_type, reason, message in transitions(previous_status.get("conditions") or [],
@@ -194,6 +206,42 @@ class Controller:
         if applied_any:
             return "applied"
         return "blocked" if not desired.rollout_allowed else "noop"
+
+    async def _reconcile_quantization(self, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
+                                      previous_status: dict[str, Any]) -> QuantizationPlan | None:
+        """Create the quantization Job once, delete Jobs of an older spec, and decide which
+        weights the pods mount. None when quantization was never asked for."""
+        meta = body["metadata"]
+        jobs = await self.kube.list_namespaced("Job", meta["namespace"], job_selector(meta["name"]))
+        if spec.quantization is None and not jobs and previous_status.get("quantization") is None:
+            return None
+        gpu_spec = spec.gpu
+        if spec.quantization is not None and spec.quantization.gpu_memory:
+            gpu_spec = gpu_spec.model_copy(update={"memory": spec.quantization.gpu_memory})
+        try:
+            gpu = assign_gpu(gpu_spec, self.settings)
+            limits, affinity, selector = gpu.limits, node_affinity(gpu, self.settings), gpu.node_selector
+        except GpuAssignmentError:
+            limits, affinity, selector = {}, None, {}
+        tolerations = []
+        if self.settings.gpu_toleration_key:
+            tolerations.append({"key": self.settings.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"})
+        tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+        plan = plan_quantization(
+            ctd_name=meta["name"], namespace=meta["namespace"], owner_uid=meta["uid"], spec=body.get("spec") or {},
+            jobs=jobs, previous=previous_status.get("quantization"),
+            image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
+            gpu_limits=limits, tolerations=tolerations,
+            node_affinity=(affinity or {}).get("nodeAffinity"), node_selector=selector,
+            generation=int(meta.get("generation") or 1),
+        )
+        if plan.job_to_create is not None:
+            await self.kube.create(plan.job_to_create)
+        for name in plan.stale_jobs:
+            await self.kube.delete("Job", meta["namespace"], name)
+        for event_type, reason, message in plan.events:
+            await self._post_event(body, event_type, reason, message)
+        return plan
 
     async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         meta = body["metadata"]

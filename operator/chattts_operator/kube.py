@@ -36,6 +36,7 @@ _PATHS: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "ChatTTSDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    "Job": ("/apis/batch/v1", "jobs"),
 }
 
 
@@ -111,6 +112,36 @@ class Kube:
     async def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
         data = await self._call("GET", "/api/v1/nodes", query=[("labelSelector", label_selector)])
         return list(data.get("items") or [])
+
+    async def list_namespaced(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        prefix, plural = _PATHS[kind]
+        data = await self._call("GET", f"{prefix}/namespaces/{namespace}/{plural}",
+                                query=[("labelSelector", label_selector)])
+        return list(data.get("items") or [])
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """POST; None when it exists already (created once, never re-applied: e.g. a Job
+        whose spec.suspend a GPUSharePolicy owns)."""
+        meta = manifest["metadata"]
+        prefix, plural = _PATHS[manifest["kind"]]
+        self.writes += 1
+        try:
+            return await self._call("POST", f"{prefix}/namespaces/{meta['namespace']}/{plural}", body=manifest,
+                                    query=[("fieldManager", FIELD_MANAGER)])
+        except ApiException as err:
+            if err.status == 409:
+                return None
+            raise
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete in the background (dependents too); a missing object is fine."""
+        self.writes += 1
+        try:
+            await self._call("DELETE", object_path(kind, namespace, name),
+                             body={"propagationPolicy": "Background"})
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
     async def close(self) -> None:
         await self.api.close()

@@ -20,6 +20,7 @@ from chattts_runtime.config import MANAGED_ENGINE_FLAGS, WeightFormat
 
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .common import Condition
+from .quantization import QuantizationSpec, QuantizationStatus
 
 GROUP = "tts.chattts.io"
 VERSION = "v1alpha1"
@@ -370,6 +371,11 @@ class ChatTTSDeploymentSpec(_SpecModel):
     autoscaling: AutoscalingSpec | None = Field(
         None, description="Scale on scheduler_deadline_wait; unset or disabled: spec.replicas is left to you (or HPA/KEDA)."
     )
+    quantization: QuantizationSpec | None = Field(
+        None,
+        description="AWQ-quantize the fp16 weights in an offline Job; once it succeeds the pods serve the "
+        "quantized weights, read-only (see the Quantized condition).",
+    )
 
 
 # --- status ---------------------------------------------------------------------------
@@ -420,6 +426,7 @@ class ChatTTSDeploymentStatus(_StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     autoscaling: AutoscalingStatus | None = Field(None, description="Written by the autoscaler.")
+    quantization: QuantizationStatus | None = Field(None, description="The AWQ quantization Job and its outcome.")
 
 
 _NAME_RULES = [

@@ -125,7 +125,7 @@ class QuantizationSpec(_SpecModel):
     group_size: Literal[32, 64, 128] = Field(128, description="Weights sharing one scale and zero point.")
     n_samples: int = Field(512, ge=1, le=100_000, description="Calibration texts used.")
     gpu_memory: str | None = Field(
-        None, max_length=32,
+        None, max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
         description="GPU memory for the Job's pod (a quantity such as 16Gi); unset: spec.gpu.memory.",
     )
     share_policy: str | None = Field(
@@ -202,6 +202,11 @@ def resolve_source(q: QuantizationSpec, model: Mapping[str, Any]) -> PvcDirector
     return PvcDirectory(claim_name=pvc["claimName"], sub_path=pvc.get("subPath"))
 
 
+def job_selector(ctd_name: str) -> str:
+    """Label selector of a ChatTTSDeployment's quantization Jobs."""
+    return f"app.kubernetes.io/component={COMPONENT},app.kubernetes.io/instance={ctd_name}"
+
+
 def labels_for(ctd_name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "chattts",
@@ -225,6 +230,7 @@ def build_quantization_job(
     gpu_limits: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
     node_affinity: Mapping[str, Any] | None = None,
+    node_selector: Mapping[str, str] | None = None,
     api_version: str = "tts.chattts.io/v1alpha1",
 ) -> dict[str, Any]:
     """The batch/v1 Job that quantizes. Deterministic: the same inputs give the same dict."""
@@ -305,6 +311,8 @@ def build_quantization_job(
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
     if node_affinity:
         pod_spec["affinity"] = {"nodeAffinity": dict(node_affinity)}
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
 
     job_spec: dict[str, Any] = {
         "backoffLimit": q.backoff_limit,
@@ -375,6 +383,7 @@ def plan_quantization(
     gpu_limits: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
     node_affinity: Mapping[str, Any] | None = None,
+    node_selector: Mapping[str, str] | None = None,
     now: str = "",
     generation: int | None = None,
 ) -> QuantizationPlan:
@@ -414,7 +423,7 @@ def plan_quantization(
         job_to_create = build_quantization_job(
             ctd_name=ctd_name, namespace=namespace, owner_uid=owner_uid, q=q, source=source, digest=digest,
             image=image, image_pull_policy=image_pull_policy, gpu_limits=gpu_limits,
-            tolerations=tolerations, node_affinity=node_affinity,
+            tolerations=tolerations, node_affinity=node_affinity, node_selector=node_selector,
         )
 
     serving_quantized = state == "Succeeded"
