@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--heads", type=int, default=2)
     t.add_argument("--full-size", action="store_true", help="the official architecture, random weights")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--endless", action="store_true", help="never emit the end code (fixed-length output)")
     return p
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
             sizes = testing.full_sizes() if args.full_size else testing.tiny_sizes(
                 hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads)
-            print(testing.make_checkpoint(args.out, sizes, seed=args.seed))
+            print(testing.make_checkpoint(args.out, sizes, seed=args.seed, endless=args.endless))
             return 0
         if args.command == "quantize":
             from chattts_runtime.quantize import QuantizeError, quantize_checkpoint  # noqa: PLC0415

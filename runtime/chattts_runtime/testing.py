@@ -78,8 +78,13 @@ def write_tokenizer(out_dir: Path) -> None:
     tok.save_pretrained(str(out_dir))
 
 
-def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0) -> Path:
-    """Write a random checkpoint of ``sizes`` in the official layout; returns ``out_dir``."""
+def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0, endless: bool = False) -> Path:
+    """Write a random checkpoint of ``sizes`` in the official layout; returns ``out_dir``.
+
+    ``endless``: the end-of-audio code always scores 0 while the best other code scores
+    above 0, so generation runs to ``max_new_frames`` (benchmarks and tests that need a
+    known length); otherwise random weights end whenever the argmax happens to be 625.
+    """
     import torch  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
@@ -103,6 +108,10 @@ def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0) ->
     def contiguous(state: dict) -> dict:
         return {k: v.detach().contiguous().clone() for k, v in state.items()}
 
+    if endless:
+        with torch.no_grad():
+            for head in gpt.embed.head_code:
+                head.parametrizations.weight.original0[g.audio_eos].zero_()
     save_file(contiguous(gpt.embed.state_dict()), str(root / layout.EMBED_WEIGHTS))
     save_file(contiguous(gpt.llama.state_dict()), str(root / layout.GPT_WEIGHTS))
     llama_config = {
@@ -143,5 +152,5 @@ def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0) ->
     return root
 
 
-def make_tiny_checkpoint(out_dir: str | Path, *, seed: int = 0, **size_kwargs) -> Path:
-    return make_checkpoint(out_dir, tiny_sizes(**size_kwargs), seed=seed)
+def make_tiny_checkpoint(out_dir: str | Path, *, seed: int = 0, endless: bool = False, **size_kwargs) -> Path:
+    return make_checkpoint(out_dir, tiny_sizes(**size_kwargs), seed=seed, endless=endless)

@@ -1,0 +1,125 @@
+"""The reference engine: batching does not change greedy output, streaming, queue bound, aborts."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from chattts_runtime.engines.base import EngineError, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.engines.reference import ReferenceEngine
+
+TEXTS = ["hello", "hello world, this is a longer sentence", "hi", "one two three four five six seven",
+         "你好世界", "a", "the quick brown fox jumps over the lazy dog", "12345 67890"]
+
+
+class Recorder:
+    def __init__(self):
+        self.waits: list[float] = []
+        self.batches: list[int] = []
+
+    def on_scheduled(self, request, wait_seconds):
+        self.waits.append(wait_seconds)
+
+    def on_step(self, batch_size):
+        self.batches.append(batch_size)
+
+
+def request(model, i, text, params):
+    prompt = model.tokenizer.build(text, with_speaker=True)
+    return SynthesisRequest(f"r{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
+
+
+async def run_all(model, texts, params, *, concurrent, **engine_kw):
+    rec = Recorder()
+    engine = ReferenceEngine(model, observer=rec, **engine_kw)
+    await engine.start()
+
+    async def one(i, text):
+        frames, chunks, reason = [], 0, None
+        async for chunk in engine.submit(request(model, i, text, params)):
+            chunks += 1
+            frames.extend(chunk.codes.tolist())
+            reason = chunk.finish_reason
+        return frames, chunks, reason
+
+    try:
+        if concurrent:
+            results = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+        else:
+            results = [await one(i, t) for i, t in enumerate(texts)]
+    finally:
+        await engine.stop()
+    return results, rec
+
+
+def test_greedy_codes_are_the_same_with_and_without_batching(tiny_model):
+    params = SamplingParams(temperature=0, max_new_frames=40)
+    alone, rec_alone = asyncio.run(run_all(tiny_model, TEXTS, params, concurrent=False))
+    batched, rec_batched = asyncio.run(run_all(tiny_model, TEXTS, params, concurrent=True))
+    assert max(rec_alone.batches) == 1
+    assert max(rec_batched.batches) >= 4  # the 8 requests really shared steps
+    assert len(rec_batched.waits) == len(TEXTS)  # scheduled exactly once each
+    for (codes_a, _, reason_a), (codes_b, _, reason_b) in zip(alone, batched):
+        assert codes_a == codes_b
+        assert reason_a == reason_b
+    assert any(len(c) > 1 for c, _, _ in alone)
+
+
+def test_frames_stream_one_by_one_and_respect_max_new_frames(tiny_model):
+    params = SamplingParams(temperature=0.5, seed=3, max_new_frames=12, min_new_frames=12)
+    [(frames, chunks, reason)], _ = asyncio.run(run_all(tiny_model, ["streaming test"], params, concurrent=True))
+    assert len(frames) == 12 and chunks == 12 and reason == "length"
+    assert all(len(f) == 4 and all(0 <= c < 625 for c in f) for f in frames)
+
+
+def test_seeded_sampling_is_reproducible_across_batches(tiny_model):
+    params = SamplingParams(temperature=0.7, seed=11, max_new_frames=20)
+    a, _ = asyncio.run(run_all(tiny_model, TEXTS[:3], params, concurrent=True))
+    b, _ = asyncio.run(run_all(tiny_model, TEXTS[:3], params, concurrent=False))
+    assert [x[0] for x in a] == [x[0] for x in b]
+
+
+def test_queue_bound_and_max_model_len(tiny_model):
+    async def scenario():
+        engine = ReferenceEngine(tiny_model, max_num_seqs=1, max_waiting=2, max_model_len=64)
+        await engine.start()
+        params = SamplingParams(temperature=0, max_new_frames=30)
+        streams = [engine.submit(request(tiny_model, i, "queued", params)) for i in range(2)]
+        with pytest.raises(QueueFull):
+            engine.submit(request(tiny_model, 9, "one too many", params))
+        with pytest.raises(EngineError, match="max_model_len"):
+            engine.submit(request(tiny_model, 10, "x " * 100, params))
+        results = []
+        for s in streams:
+            results.append([c async for c in s])
+        await engine.stop()
+        return results
+
+    results = asyncio.run(scenario())
+    assert all(r[-1].finished for r in results)
+
+
+def test_abandoned_stream_is_aborted_and_engine_keeps_serving(tiny_model):
+    async def scenario():
+        engine = ReferenceEngine(tiny_model, max_num_seqs=4)
+        await engine.start()
+        params = SamplingParams(temperature=0, max_new_frames=200, min_new_frames=200)
+        stream = engine.submit(request(tiny_model, 0, "abandon me", params))
+        async for _ in stream:
+            break
+        await stream.aclose()  # client went away
+        for _ in range(200):
+            if engine.num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        running_after_abort = engine.num_running
+        frames = [c async for c in engine.submit(request(tiny_model, 1, "next", SamplingParams(
+            temperature=0, max_new_frames=5)))]
+        await engine.stop()
+        return running_after_abort, frames
+
+    running, frames = asyncio.run(scenario())
+    assert running == 0
+    assert frames[-1].finished and sum(len(f.codes) for f in frames) >= 1
+    assert np.all(np.concatenate([f.codes for f in frames]) < 625)

@@ -1,0 +1,87 @@
+"""The model package: checkpoint layout, loading errors, prompts, speakers, audio shapes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from chattts_runtime.model import CheckpointError, load_chattts
+from chattts_runtime.model import config as layout
+from chattts_runtime.model.speaker import (
+    SpeakerError, b16384_decode, b16384_encode, decode_speaker, encode_speaker)
+
+
+def test_tiny_checkpoint_has_the_official_layout(tiny_checkpoint):
+    for rel in (layout.GPT_CONFIG, layout.GPT_WEIGHTS, layout.EMBED_WEIGHTS, layout.DVAE_WEIGHTS,
+                layout.DECODER_WEIGHTS, layout.VOCOS_WEIGHTS, f"{layout.TOKENIZER_DIR}/tokenizer.json"):
+        assert (tiny_checkpoint / rel).is_file(), rel
+    from safetensors.torch import load_file
+
+    embed = load_file(str(tiny_checkpoint / layout.EMBED_WEIGHTS))
+    assert embed["emb_code.3.weight"].shape[0] == 626
+    assert "head_code.0.parametrizations.weight.original0" in embed
+    assert "head_code.0.parametrizations.weight.original1" in embed
+    body = load_file(str(tiny_checkpoint / layout.GPT_WEIGHTS))
+    assert "layers.0.self_attn.q_proj.weight" in body and "norm.weight" in body
+    cfg = json.loads((tiny_checkpoint / layout.GPT_CONFIG).read_text())
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32  # vLLM's CPU attention needs it
+
+
+def test_prompt_uses_chattts_control_tokens(tiny_model):
+    tok = tiny_model.tokenizer
+    with_spk = tok.build("hello", with_speaker=True, speed=1.0)
+    without = tok.build("hello", with_speaker=False, speed=2.0)
+    vocab = tok._tok.get_vocab()
+    assert with_spk.input_ids[:3] == (vocab["[Stts]"], vocab["[spk_emb]"], vocab["[speed_5]"])
+    assert with_spk.input_ids[-1] == vocab["[Ptts]"]
+    assert without.input_ids[1:3] == (vocab["[empty_spk]"], vocab["[speed_9]"])
+    # control tokens typed by a user are stripped, not obeyed
+    assert tok.build("[Stts]hello[Ptts]", with_speaker=True).input_ids == with_spk.input_ids
+
+
+def test_codes_become_audio_of_the_expected_length(tiny_model):
+    codes = torch.randint(0, 625, (2, 10, 4))
+    audio = tiny_model.codes_to_audio(codes)
+    assert audio.shape == (2, (2 * 10 - 1) * 256)
+    assert torch.isfinite(audio).all() and audio.abs().max() > 0
+    hidden = torch.randn(1, 10, tiny_model.sizes.gpt.hidden_size)
+    assert tiny_model.hidden_to_audio(hidden).shape == (1, 19 * 256)
+
+
+def test_speaker_string_round_trip_and_errors(tiny_model):
+    for n in range(0, 20):
+        data = os.urandom(n)
+        assert b16384_decode(b16384_encode(data)) == data
+    vec = np.random.default_rng(0).standard_normal(64).astype(np.float16)
+    text = encode_speaker(vec)
+    assert np.array_equal(decode_speaker(text, 64), vec.astype(np.float32))
+    assert torch.equal(tiny_model.speaker_for(text), torch.from_numpy(vec.astype(np.float32)))
+    with pytest.raises(SpeakerError, match="needs 64"):
+        decode_speaker(encode_speaker(np.zeros(32, np.float16)), 64)
+    with pytest.raises(SpeakerError, match="unknown voice"):
+        tiny_model.speaker_for("nobody")
+    # presets are deterministic: the same voice on every replica
+    assert torch.equal(tiny_model.speaker_for("nova"), tiny_model.speaker_for("nova"))
+    assert not torch.equal(tiny_model.speaker_for("nova"), tiny_model.speaker_for("onyx"))
+
+
+def test_missing_file_and_wrong_shapes_name_the_file(tiny_checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / layout.VOCOS_WEIGHTS).unlink()
+    with pytest.raises(CheckpointError, match="Vocos.safetensors"):
+        load_chattts(broken)
+
+    shutil.copy(tiny_checkpoint / layout.VOCOS_WEIGHTS, broken / layout.VOCOS_WEIGHTS)
+    cfg = json.loads((broken / layout.GPT_CONFIG).read_text())
+    cfg["intermediate_size"] = cfg["intermediate_size"] * 2
+    (broken / layout.GPT_CONFIG).write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"gpt/model.safetensors.*mlp"):
+        load_chattts(broken)
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_chattts(tmp_path / "nothing-here")
