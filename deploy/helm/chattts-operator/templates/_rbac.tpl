@@ -75,10 +75,11 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# controller.py: the AWQ quantization Job is created once and Jobs of an older spec deleted;
 # handlers/sharepolicy.py: offline members are watched, listed and suspended/resumed.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # controller.py and kopf post Events.
 - apiGroups: [""]
   resources: ["events"]
