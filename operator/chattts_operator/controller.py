@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,10 +52,30 @@ def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _newer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether object ``a`` is a later version than ``b`` of the same object. resourceVersions
+    are opaque, but equal-or-not is always safe and etcd's are increasing integers: when both
+    parse as integers they are compared, otherwise a different version counts as newer."""
+    if b is None:
+        return True
+    if a is None:
+        return False
+    ra, rb = a.get("metadata", {}).get("resourceVersion"), b.get("metadata", {}).get("resourceVersion")
+    if ra == rb:
+        return False
+    if isinstance(ra, str) and isinstance(rb, str) and ra.isdigit() and rb.isdigit():
+        return int(ra) > int(rb)
+    return True
+
+
 @dataclass
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued: bool = False
+    # The newest Deployment seen (watch event or our own apply) and whether a run must read
+    # it again (it was deleted).
+    deployment: dict[str, Any] | None = None
+    deployment_gone: bool = False
 
 
 class Controller:
@@ -75,7 +96,8 @@ class Controller:
             self.bodies.pop(key, None)
             self.blocked.discard(key)
             self._slots.pop(key, None)
-        else:
+        elif _newer(body, self.bodies.get(key)):
+            # A watch event may trail our own status write; never go back to an older version.
             self.bodies[key] = body
         metrics.MANAGED_OBJECTS.set(len(self.bodies))
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
@@ -90,11 +112,17 @@ class Controller:
         async with slot.lock:
             return await self._reconcile_timed(self.bodies.get(key, body), trigger)
 
-    async def reconcile_key(self, key: Key, trigger: str, live_deployment: dict[str, Any] | None = None) -> str | None:
-        """Reconcile the object last seen under ``key``; coalesces with a run already waiting."""
+    async def reconcile_key(self, key: Key, trigger: str, live_deployment: dict[str, Any] | None = None,
+                            deployment_deleted: bool = False) -> str | None:
+        """Reconcile the object last seen under ``key``. While a run is waiting for the lock,
+        further triggers only update what it will read (the newest Deployment) and return."""
         if key not in self.bodies:
             return None
         slot = self._slots.setdefault(key, _Slot())
+        if deployment_deleted:
+            slot.deployment, slot.deployment_gone = None, True
+        elif live_deployment is not None and _newer(live_deployment, slot.deployment):
+            slot.deployment, slot.deployment_gone = live_deployment, False
         if slot.queued:
             return "coalesced"
         slot.queued = True
@@ -103,7 +131,9 @@ class Controller:
             body = self.bodies.get(key)
             if body is None:
                 return None
-            return await self._reconcile_timed(body, trigger, live_deployment=live_deployment)
+            live = None if slot.deployment_gone else slot.deployment if trigger == "deployment" else None
+            slot.deployment_gone = False
+            return await self._reconcile_timed(body, trigger, live_deployment=live)
 
     async def resync_once(self) -> None:
         semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
@@ -172,16 +202,20 @@ class Controller:
                 try:
                     live = await self.kube.apply(child)
                 except ApiException as err:
-                    observed.apply_error = f"applying {kind} {child['metadata']['name']}: {err.status} {err.reason}"
-                    log.warning("%s/%s: %s", *key, observed.apply_error)
                     if err.status in (409, 429) or err.status >= 500:
-                        raise
-                    continue
+                        raise  # transient: kopf or the next trigger retries
+                    # Refused (e.g. a field this cluster does not support): say so in status and
+                    # apply nothing after it (a Deployment must not run ahead of its ConfigMap).
+                    observed.apply_error = (f"applying {kind} {child['metadata']['name']}: {err.status} "
+                                            f"{_api_message(err)}")
+                    log.warning("%s/%s: %s", *key, observed.apply_error)
+                    break
                 metrics.CHILD_WRITES.labels(kind).inc()
                 applied_any = True
             if kind == "Deployment":
                 observed.live_deployment = live
-                observed.deployment_applied = observed.apply_error is None
+                observed.deployment_applied = True
+                self._remember_deployment(key, live)
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
             observed.live_deployment = live_deployment or await self.kube.get(
@@ -243,6 +277,11 @@ class Controller:
             await self._post_event(body, event_type, reason, message)
         return plan
 
+    def _remember_deployment(self, key: Key, live: dict[str, Any] | None) -> None:
+        slot = self._slots.get(key)
+        if slot is not None and live is not None and _newer(live, slot.deployment):
+            slot.deployment = live
+
     async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         meta = body["metadata"]
         try:
@@ -255,7 +294,7 @@ class Controller:
         key = (meta["namespace"], meta["name"])
         if key in self.bodies and isinstance(updated, dict) and updated.get("metadata"):
             # Our own write is the freshest view until the watch catches up.
-            self.bodies[key] = updated
+            self.observe(updated)
 
     async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
         gen = int(body["metadata"].get("generation") or 1)
@@ -292,6 +331,15 @@ class Controller:
             await self.kube.create_event(meta["namespace"], event)
         except ApiException as err:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+def _api_message(err: ApiException) -> str:
+    """The API server's own message from an error response, else the HTTP reason."""
+    try:
+        body = json.loads(err.body) if err.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    return str(body.get("message") or err.reason)
 
 
 def owner_key(deployment: dict[str, Any]) -> Key | None:

@@ -274,3 +274,16 @@ def test_owner_key():
     d = desired_of(obj())
     assert owner_key(d.deployment) == ("ns", "tts")
     assert owner_key({"metadata": {"namespace": "ns", "ownerReferences": [{"kind": "ReplicaSet", "name": "x"}]}}) is None
+
+
+@pytest.mark.parametrize(
+    "a, b, newer",
+    [("5", "4", True), ("4", "5", False), ("5", "5", False), ("12", "9", True), ("x", "y", True), ("5", None, True),
+     (None, "5", False)],
+)
+def test_newer_resource_version(a, b, newer):
+    from chattts_operator.controller import _newer
+
+    def o(rv):
+        return None if rv is None else {"metadata": {"resourceVersion": rv}}
+    assert _newer(o(a), o(b)) is newer

@@ -120,7 +120,8 @@ async def child_deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any
         # A deleted Deployment is recreated by a full reconcile; otherwise the event's
         # object is the live Deployment (no need to read it again).
         await memo.controller.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
-                                            live_deployment=None if deleted else copy_body(obj))
+                                            live_deployment=None if deleted else copy_body(obj),
+                                            deployment_deleted=deleted)
     except ApiException as err:
         log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
                     *key, err.status, err.reason)
