@@ -1,14 +1,19 @@
-"""kopf timer: autoscale ChatTTSDeployments whose ``spec.autoscaling.enabled`` is true.
+"""The autoscaler loop: scale ChatTTSDeployments whose ``spec.autoscaling.enabled`` is true.
 
-Every ``CHATTTS_AUTOSCALER_INTERVAL_SECONDS`` (default 15, the HPA's sync period) per
-object: read the metric (each Ready pod's /metrics, or a Prometheus query), decide with
-the pure ``decide``, write ``spec.replicas`` through the scale subresource (field
-manager ``chattts-autoscaler``, so ``kubectl get --show-managed-fields`` tells who set
-it), and record the decision in ``status.autoscaling``. Nothing here blocks the loop:
-the Kubernetes client is kubernetes_asyncio, the scrapes are aiohttp.
+Every ``CHATTTS_AUTOSCALER_INTERVAL_SECONDS`` (default 15, the HPA's sync period), for each
+autoscaled object: read the metric (each Ready pod's /metrics, or a Prometheus query),
+decide with the pure ``decide``, write ``spec.replicas`` through the scale subresource
+(field manager ``chattts-autoscaler``: ``kubectl get --show-managed-fields`` tells who set
+it), record the decision in ``status.autoscaling``, and post an Event when replicas change.
 
-Per-object memory (kopf's ``memo``): the pods' recent scrapes and the recent fleet
-samples. The decision history also lives in status, so a restart keeps its windows.
+Why a loop task fed by a watch-event handler and not ``@kopf.timer``: kopf puts a
+finalizer on every object that has a timer, and this operator keeps none (a finalizer
+would block deleting a ChatTTSDeployment whenever the operator is not running). The
+event handler keeps the latest body of each autoscaled object, so a pass reads nothing
+but pods and metrics. Nothing blocks the event loop: kubernetes_asyncio and aiohttp.
+
+Per-object memory: the pods' recent scrapes and fleet samples. The decision history
+also lives in status, so a restarted operator keeps its stabilization windows.
 
 For tests and development only: with ``CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION=1`` a
 pod annotation ``tts.chattts.io/metrics-url`` overrides the pod's metrics address (the
@@ -17,62 +22,52 @@ anyone who may annotate pods could otherwise point the operator at any URL.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
+import logging
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration
-from chattts_operator.api.chattts import GROUP, PLURAL, VERSION
+from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration, format_time
+from chattts_operator.api.chattts import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
-from chattts_operator.autoscaling import FleetSample, decide
+from chattts_operator.autoscaling import Decision, FleetSample, History, decide
 from chattts_operator.autoscaling.metrics import (
     MetricError,
+    PodScrape,
     fleet_sample,
     prune_history,
     query_prometheus,
     scrape_pods,
 )
 from chattts_operator.autoscaling.status import history_from_status, next_status, worth_writing
-from chattts_operator.builders import selector_labels
+from chattts_operator.builders import deployment_name, selector_labels
 from chattts_operator.kube import Kube, make_api_client, object_path
 
 FIELD_MANAGER = "chattts-autoscaler"
 METRICS_URL_ANNOTATION = "tts.chattts.io/metrics-url"
-INTERVAL_SECONDS = float(os.environ.get("CHATTTS_AUTOSCALER_INTERVAL_SECONDS", "15"))
-ALLOW_URL_ANNOTATION = os.environ.get("CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION", "") in ("1", "true", "yes")
-if not INTERVAL_SECONDS > 0:
-    raise ValueError(f"CHATTTS_AUTOSCALER_INTERVAL_SECONDS must be positive, got {INTERVAL_SECONDS}")
-
-_kube: Kube | None = None
-_http = None
+DEFAULT_MAX_NUM_SEQS = 64  # the engine's default (api.chattts.EngineSpec.max_num_seqs)
+log = logging.getLogger("chattts_operator.autoscaler")
 
 
-async def _clients():
-    global _kube, _http
-    if _kube is None:
-        _kube = Kube(await make_api_client())
-    if _http is None or _http.closed:
-        import aiohttp  # noqa: PLC0415
-
-        _http = aiohttp.ClientSession()
-    return _kube, _http
-
-
-@kopf.on.cleanup()
-async def _close_clients(**_: Any) -> None:
-    global _kube, _http
-    if _http is not None:
-        await _http.close()
-        _http = None
-    if _kube is not None:
-        await _kube.close()
-        _kube = None
+def _env_interval() -> float:
+    text = os.environ.get("CHATTTS_AUTOSCALER_INTERVAL_SECONDS", "15")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"CHATTTS_AUTOSCALER_INTERVAL_SECONDS must be a positive number, got {text!r}")
+    return value
 
 
-def _enabled(spec: dict, **_: Any) -> bool:
-    return bool((spec.get("autoscaling") or {}).get("enabled"))
+def autoscaling_enabled(body: dict) -> bool:
+    return bool(((body.get("spec") or {}).get("autoscaling") or {}).get("enabled"))
 
 
 def _ready(pod: dict) -> bool:
@@ -102,6 +97,7 @@ def pod_metrics_urls(pods: list[dict], spec: AutoscalingSpec, allow_annotation: 
 
 
 def replica_cap(body: dict) -> int | None:
+    """The GPU share policy's current cap on this object's replicas (its annotation), if any."""
     text = (body.get("metadata", {}).get("annotations") or {}).get(REPLICA_CAP_ANNOTATION)
     try:
         return int(text) if text is not None and int(text) >= 0 else None
@@ -109,89 +105,235 @@ def replica_cap(body: dict) -> int | None:
         return None
 
 
-async def _read_pods_sample(kube: Kube, http, name: str, namespace: str, spec: AutoscalingSpec,
-                            slots: float, memo: Any, now: float) -> FleetSample:
-    selector = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
-    data = await kube._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", selector)])
-    urls = pod_metrics_urls(list(data.get("items") or []), spec, ALLOW_URL_ANNOTATION)
-    scrapes, errors = await scrape_pods(http, urls, spec.metrics.pods.timeout_seconds, now)
-    history: dict = memo.setdefault("autoscaler_scrapes", {})
-    for pod, scrape in scrapes.items():
-        history.setdefault(pod, []).append(scrape)
-    prune_history(history, scrapes.keys(), now, keep=spec.window_seconds + 2 * INTERVAL_SECONDS)
-    if errors:
-        memo["autoscaler_scrape_errors"] = errors
-    if not urls:
-        return FleetSample(time=now, wait_quantile=None, ready_replicas=0)
-    return fleet_sample(history, now, spec.window_seconds, spec.quantile, len(errors), slots)
+@dataclass
+class _ObjectState:
+    scrapes: dict[str, list[PodScrape]] = field(default_factory=dict)
+    samples: list[FleetSample] = field(default_factory=list)
+    history: History | None = None
+    last_errors: dict[str, str] = field(default_factory=dict)
 
 
-async def _read_prometheus_sample(http, name: str, namespace: str, spec: AutoscalingSpec, now: float) -> FleetSample:
-    source = spec.metrics.prometheus
-    assert source is not None
-    selector = f'pod=~"{name}-.*"'
-    query = source.render_query(namespace=namespace, name=name, window=spec.window,
-                                quantile=spec.quantile, selector=selector)
-    result = await query_prometheus(http, source.url, query, source.timeout_seconds)
-    if result is None:
-        return FleetSample(time=now, wait_quantile=None)
-    value, at = result
-    return FleetSample(time=at, wait_quantile=value)
+class Autoscaler:
+    """Holds the autoscaled objects seen by the watch and evaluates them every interval."""
 
+    def __init__(self, kube: Kube, interval: float, allow_url_annotation: bool = False,
+                 concurrency: int = 16) -> None:
+        self.kube = kube
+        self.interval = interval
+        self.allow_url_annotation = allow_url_annotation
+        self.bodies: dict[tuple[str, str], dict] = {}
+        self.states: dict[str, _ObjectState] = {}
+        self.last_pass: float | None = None
+        self._limit = asyncio.Semaphore(concurrency)
+        self._http = None
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_SECONDS, when=_enabled, id="autoscaler")
-async def autoscale(body: dict, spec: dict, name: str, namespace: str, memo: Any, logger, **_: Any) -> None:
-    try:
-        auto = AutoscalingSpec.model_validate(spec.get("autoscaling") or {})
-    except ValueError as err:
-        logger.warning(f"autoscaling spec invalid, not scaling: {err}")
-        return
-    kube, http = await _clients()
-    now = time.time()
-    current = int(spec.get("replicas", 1))
-    slots = float((spec.get("engine") or {}).get("maxNumSeqs", 64))
-
-    try:
-        if auto.metrics.type == "prometheus":
-            sample = await _read_prometheus_sample(http, name, namespace, auto, now)
+    def observe(self, body: dict, deleted: bool) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if deleted or not autoscaling_enabled(body) or meta.get("deletionTimestamp"):
+            self.bodies.pop(key, None)
+            self.states.pop(meta.get("uid", ""), None)
         else:
-            sample = await _read_pods_sample(kube, http, name, namespace, auto, slots, memo, now)
-    except MetricError as err:
-        logger.info(f"metric unavailable: {err}")
-        sample = None
+            self.bodies[key] = body
 
-    horizon = max(auto.window_seconds, auto.staleness_seconds)
-    samples = [s for s in memo.get("autoscaler_samples", []) if now - s.time <= horizon]
-    if sample is not None and (sample.wait_quantile is not None or sample.observed_requests is not None):
-        samples.append(sample)
-    memo["autoscaler_samples"] = samples
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+        await self.kube.close()
 
-    previous = AutoscalingStatus.model_validate((body.get("status") or {}).get("autoscaling") or {}) \
-        if (body.get("status") or {}).get("autoscaling") else None
-    history = memo.get("autoscaler_history") or history_from_status(previous)
-    decision = decide(auto, current, samples, history, now, replica_cap(body))
-    memo["autoscaler_history"] = decision.history
+    async def run_forever(self) -> None:
+        while True:
+            started = time.monotonic()
+            await self.run_once()
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
-    scale_error = None
-    if decision.desired_replicas != current:
+    async def run_once(self) -> None:
+        bodies = list(self.bodies.values())
+        await asyncio.gather(*(self._evaluate_guarded(b) for b in bodies))
+        self.last_pass = time.time()
+
+    async def _evaluate_guarded(self, body: dict) -> None:
+        async with self._limit:
+            try:
+                await self.evaluate(body)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one object's failure must not stop the others or the loop
+                meta = body.get("metadata", {})
+                log.exception("autoscaling %s/%s failed", meta.get("namespace"), meta.get("name"))
+
+    async def _session(self):
+        if self._http is None or self._http.closed:
+            import aiohttp  # noqa: PLC0415
+
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def _pods_sample(self, state: _ObjectState, name: str, namespace: str, spec: AutoscalingSpec,
+                           slots: float, now: float) -> FleetSample | None:
+        selector = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+        data = await self.kube._call("GET", f"/api/v1/namespaces/{namespace}/pods",
+                                     query=[("labelSelector", selector)])
+        urls = pod_metrics_urls(list(data.get("items") or []), spec, self.allow_url_annotation)
+        scrapes, errors = await scrape_pods(await self._session(), urls, spec.metrics.pods.timeout_seconds, now)
+        for pod, scrape in scrapes.items():
+            state.scrapes.setdefault(pod, []).append(scrape)
+        prune_history(state.scrapes, scrapes.keys(), now, keep=spec.window_seconds + 2 * self.interval)
+        if errors != state.last_errors and errors:
+            log.info("%s/%s: pods whose metrics could not be read: %s", namespace, name, errors)
+        state.last_errors = errors
+        if not urls:
+            return None
+        return fleet_sample(state.scrapes, now, spec.window_seconds, spec.quantile, len(errors), slots)
+
+    async def _prometheus_sample(self, name: str, namespace: str, spec: AutoscalingSpec, now: float) -> FleetSample | None:
+        source = spec.metrics.prometheus
+        assert source is not None
+        # Pods of the Deployment <deployment>-<replicaset hash>-<pod suffix>, as Prometheus's
+        # Kubernetes discovery labels them.
+        selector = f'pod=~"{deployment_name(name)}-[a-z0-9]+-[a-z0-9]+"'
+        query = source.render_query(namespace=namespace, name=name, window=spec.window,
+                                    quantile=spec.quantile, selector=selector)
+        result = await query_prometheus(await self._session(), source.url, query, source.timeout_seconds)
+        if result is None:
+            return None
+        value, at = result
+        return FleetSample(time=at, wait_quantile=value)
+
+    async def evaluate(self, body: dict, now: float | None = None) -> Decision | None:
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
+        spec_body = body.get("spec") or {}
         try:
-            kube.writes += 1
-            await kube._call(
-                "PATCH", object_path("ChatTTSDeployment", namespace, name, "scale"),
-                body={"spec": {"replicas": decision.desired_replicas}},
+            auto = AutoscalingSpec.model_validate(spec_body.get("autoscaling") or {})
+        except ValueError as err:
+            log.warning("%s/%s: autoscaling spec invalid, not scaling: %s", namespace, name, err)
+            return None
+        now = time.time() if now is None else now
+        state = self.states.setdefault(uid, _ObjectState())
+        current = int(spec_body.get("replicas", 1))
+        slots = float((spec_body.get("engine") or {}).get("maxNumSeqs", DEFAULT_MAX_NUM_SEQS))
+
+        sample = None
+        try:
+            if auto.metrics.type == "prometheus":
+                sample = await self._prometheus_sample(name, namespace, auto, now)
+            else:
+                sample = await self._pods_sample(state, name, namespace, auto, slots, now)
+        except MetricError as err:
+            log.info("%s/%s: metric unavailable: %s", namespace, name, err)
+        horizon = max(auto.window_seconds, auto.staleness_seconds)
+        state.samples = [s for s in state.samples if now - s.time <= horizon]
+        # A sample without a wait (no pod had two scrapes yet) is no evidence: it is not kept,
+        # so the decision holds on older samples or says the metric is missing.
+        if sample is not None and (sample.wait_quantile is not None or sample.observed_requests is not None):
+            state.samples.append(sample)
+
+        raw_status = (body.get("status") or {}).get("autoscaling")
+        previous = AutoscalingStatus.model_validate(raw_status) if raw_status else None
+        history = state.history if state.history is not None else history_from_status(previous)
+        decision = decide(auto, current, state.samples, history, now, replica_cap(body))
+        state.history = decision.history
+
+        scale_error = None
+        if decision.desired_replicas != current:
+            scale_error = await self._scale(namespace, name, decision.desired_replicas)
+            if scale_error is None:
+                # The watch will bring the new object; until then do not decide from the old count.
+                body.setdefault("spec", {})["replicas"] = decision.desired_replicas
+                await self._post_event(body, current, decision)
+            else:
+                state.history = History(decision.history.recommendations, history.scale_events)
+
+        new_status = next_status(previous, decision, current, now, scale_error=scale_error)
+        if worth_writing(previous, new_status):
+            dumped = new_status.model_dump(by_alias=True, exclude_none=True)
+            await self.kube.patch_status(KIND, namespace, name, {"autoscaling": dumped})
+            body.setdefault("status", {})["autoscaling"] = dumped
+        return decision
+
+    async def _scale(self, namespace: str, name: str, replicas: int) -> str | None:
+        try:
+            self.kube.writes += 1
+            await self.kube._call(
+                "PATCH", object_path(KIND, namespace, name, "scale"),
+                body={"spec": {"replicas": replicas}},
                 query=[("fieldManager", FIELD_MANAGER)],
                 content_type="application/merge-patch+json",
             )
-        except Exception as err:  # an API error must not kill the timer; it is reported in status
-            scale_error = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-            logger.warning(f"scale to {decision.desired_replicas} failed: {scale_error}")
-        else:
-            metric = format_duration(decision.metric_value) if decision.metric_value is not None else "n/a"
-            kopf.info(body, reason="Scaled" if decision.desired_replicas > current else "ScaledDown",
-                      message=f"{current} -> {decision.desired_replicas} replicas (wait {metric}): {decision.message}")
+        except Exception as err:  # reported in status (AbleToScale=False), retried next pass
+            message = f"{type(err).__name__}: {getattr(err, 'status', '')} {getattr(err, 'reason', err)}".strip()
+            log.warning("%s/%s: scale to %d failed: %s", namespace, name, replicas, message)
+            return message
+        return None
 
-    new_status = next_status(previous, decision, current, now, scale_error=scale_error)
-    if worth_writing(previous, new_status):
-        await kube.patch_status("ChatTTSDeployment", namespace, name,
-                                {"autoscaling": new_status.model_dump(by_alias=True, exclude_none=True)})
-    return None  # kopf would store a return value in status
+    async def _post_event(self, body: dict, current: int, decision: Decision) -> None:
+        meta = body["metadata"]
+        stamp = format_time(time.time())
+        metric = format_duration(decision.metric_value) if decision.metric_value is not None else "n/a"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}-autoscaler-", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": "ScaledUp" if decision.desired_replicas > current else "ScaledDown",
+            "message": f"{current} -> {decision.desired_replicas} replicas (wait {metric}): {decision.message}"[:1024],
+            "type": "Normal",
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.kube.create_event(meta["namespace"], event)
+        except Exception as err:  # an Event is a courtesy; never fail the decision on it
+            log.warning("could not post autoscaler event on %s/%s: %s", meta["namespace"], meta["name"], err)
+
+
+@kopf.on.startup()
+async def start_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    allow = os.environ.get("CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION", "") in ("1", "true", "yes")
+    autoscaler = Autoscaler(Kube(await make_api_client()), _env_interval(), allow_url_annotation=allow)
+    memo.autoscaler = autoscaler
+    memo.autoscaler_task = asyncio.create_task(autoscaler.run_forever(), name="chattts-autoscaler")
+    if allow:
+        log.warning("the %s pod annotation is honoured: for tests only", METRICS_URL_ANNOTATION)
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "autoscaler_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
+    if autoscaler is not None:
+        await autoscaler.close()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def autoscaler_track(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    obj = event.get("object")
+    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
+    if autoscaler is not None and isinstance(obj, dict) and obj.get("metadata"):
+        autoscaler.observe(copy.deepcopy(dict(obj)), deleted=event.get("type") == "DELETED")
+
+
+@kopf.on.probe(id="autoscaler")
+def autoscaler_probe(memo: kopf.Memo, **_: Any) -> float | None:
+    """Seconds since the last autoscaler pass; fails when the loop died or is far behind."""
+    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
+    if autoscaler is None:
+        return None
+    task = getattr(memo, "autoscaler_task", None)
+    if task is not None and task.done():
+        raise RuntimeError("the autoscaler loop has stopped")
+    if autoscaler.last_pass is None:
+        return None
+    age = time.time() - autoscaler.last_pass
+    if age > 3 * autoscaler.interval + 60:
+        raise RuntimeError(f"no autoscaler pass for {age:.0f}s")
+    return round(age, 1)
