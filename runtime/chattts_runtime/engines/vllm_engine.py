@@ -103,7 +103,9 @@ def parse_engine_args(args: list[str]):
     from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
     from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
 
-    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="chattts-runtime (vllm engine)"))
+    # No abbreviations: "--max-num-seq" must be an error, not a silent prefix match.
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="chattts-runtime (vllm engine)",
+                                                                 allow_abbrev=False))
     namespace = parser.parse_args(args)
     return AsyncEngineArgs.from_cli_args(namespace)
 
@@ -170,6 +172,11 @@ class VLLMEngine(Engine):
         self._live: dict[str, _Live] = {}
         self._stopping = False
         self.max_model_len = config.engine.max_model_len
+
+    @classmethod
+    def from_config(cls, config: RuntimeConfig, model, observer: SchedulerObserver | None = None) -> "VLLMEngine":
+        """The speech server's constructor (``server.create_engine``)."""
+        return cls(model, config, max_waiting=config.server.max_queue, observer=observer)
 
     # -- lifecycle -------------------------------------------------------------------------
 
