@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import chattts_operator.handlers  # noqa: F401,PLC0415 - registers the handlers
 
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kopf.configure(verbose=args.verbose, debug=args.debug)
+    kopf.configure(verbose=args.verbose, debug=args.debug)  # sets up logging
+    if not args.debug:
+        # The client logs every response body at DEBUG: only with --debug.
+        logging.getLogger("kubernetes_asyncio").setLevel(logging.INFO)
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,

@@ -380,18 +380,23 @@ def compute_status(
         phase = "Pending"
 
     gpu = desired.gpu
+    gpu_status = {
+        "profile": gpu.profile.value,
+        "limits": dict(gpu.limits),
+        "nodeMinGpuMemoryMiB": gpu.node_min_gpu_memory_mib,
+        "migProfile": gpu.mig_profile,
+    } if gpu else None
+    gpu_share = gpu.share if gpu else ""
+    if blocked and dep is not None and previous.get("gpuShare"):
+        # The pods that serve still have the last good share: show that, not the refused one.
+        gpu_status, gpu_share = previous.get("gpu"), previous["gpuShare"]
     return {
         "observedGeneration": gen,
         "phase": phase,
         **numbers,
         "selector": selector_string(desired.owner.name),
-        "gpuShare": gpu.share if gpu else "",
-        "gpu": {
-            "profile": gpu.profile.value,
-            "limits": dict(gpu.limits),
-            "nodeMinGpuMemoryMiB": gpu.node_min_gpu_memory_mib,
-            "migProfile": gpu.mig_profile,
-        } if gpu else None,
+        "gpuShare": gpu_share,
+        "gpu": gpu_status,
         "memoryPlan": desired.plan.to_status() if desired.plan else None,
         "appliedGeneration": applied_generation,
         "configHash": applied_hash,

@@ -19,7 +19,7 @@ def valid_object(name: str = "tts") -> dict[str, Any]:
     return {
         "apiVersion": "tts.chattts.io/v1alpha1",
         "kind": "ChatTTSDeployment",
-        "metadata": {"name": name, "namespace": "default", "uid": "u"},
+        "metadata": {"name": name},
         "spec": {
             "model": {"pvc": {"claimName": "chattts-weights"}, "format": "awq"},
             "gpu": {"memory": "8Gi"},

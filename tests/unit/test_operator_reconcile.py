@@ -197,6 +197,9 @@ def test_blocked_update_keeps_the_last_good_generation():
     assert status["observedGeneration"] == 2 and status["phase"] == "Degraded"
     # Transition times move only where the status changed.
     assert c["Ready"]["lastTransitionTime"] == T0 and c["GPUCapacity"]["lastTransitionTime"] == T1
+    # The share shown is the one the serving pods have; the plan explains the refused spec.
+    assert status["gpuShare"] == "1x8Gi gpu-memory" and status["gpu"] == first["gpu"]
+    assert status["memoryPlan"]["budgetMiB"] < first["memoryPlan"]["budgetMiB"]
 
 
 def test_blocked_new_object_is_unsatisfiable():
