@@ -43,6 +43,7 @@ from chattts_operator.api.sharepolicy import (
 from chattts_operator.builders import deployment_name, selector_string as serving_pod_selector
 from chattts_operator.kube import make_api_client
 from chattts_operator.scheduling import clock
+from chattts_operator.settings import OperatorSettings, SettingsError
 from chattts_operator.scheduling.observe import (
     MemberError,
     largest_gpu_mib,
@@ -179,13 +180,25 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
     nodes = node_list.get("items") or []
     per_gpu = largest_gpu_mib(nodes)
     selector = f"{SHARE_POLICY_LABEL}={name}"
-    ctds = (await custom.list_cluster_custom_object(GROUP, VERSION, CTD_PLURAL, label_selector=selector)).get("items") or []
-    jobs = (await _json(batch.list_job_for_all_namespaces, label_selector=selector)).get("items") or []
+    namespaces = _watched_namespaces()
+    if namespaces:
+        # RBAC then grants the namespaces only: list in each.
+        ctds, jobs = [], []
+        for ns in namespaces:
+            ctds += (await custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, CTD_PLURAL, label_selector=selector)).get("items") or []
+            jobs += (await _json(batch.list_namespaced_job, ns, label_selector=selector)).get("items") or []
+    else:
+        ctds = (await custom.list_cluster_custom_object(GROUP, VERSION, CTD_PLURAL, label_selector=selector)).get("items") or []
+        jobs = (await _json(batch.list_job_for_all_namespaces, label_selector=selector)).get("items") or []
 
     problems: list[str] = []
     online, offline = [], []
     bodies: dict[tuple[str, str, str], dict[str, Any]] = {}
     for ctd in ctds:
+        # Items of a list carry no kind; Events need it.
+        ctd.setdefault("apiVersion", f"{GROUP}/{VERSION}")
+        ctd.setdefault("kind", "ChatTTSDeployment")
         meta = ctd["metadata"]
         pods = await _json(core.list_namespaced_pod, meta["namespace"],
                            label_selector=serving_pod_selector(meta["name"]))
@@ -196,6 +209,8 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
         except MemberError as err:
             problems.append(str(err))
     for job in jobs:
+        job.setdefault("apiVersion", "batch/v1")
+        job.setdefault("kind", "Job")
         meta = job["metadata"]
         pods = await _json(core.list_namespaced_pod, meta["namespace"],
                            label_selector=f"batch.kubernetes.io/controller-uid={meta['uid']}")
@@ -247,6 +262,14 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
         until = (the_plan.next_change - now).total_seconds()
         return max(CONFIG.min_interval_seconds, min(CONFIG.resync_seconds, until))
     return CONFIG.resync_seconds
+
+
+def _watched_namespaces() -> tuple[str, ...]:
+    """The operator's namespaces (CHATTTS_OPERATOR_WATCH_NAMESPACES); empty: the whole cluster."""
+    try:
+        return OperatorSettings.from_env().watch_namespaces
+    except SettingsError:
+        return ()  # the operator refused to start on it already
 
 
 async def _read_or_none(call: Any, *args: Any) -> dict[str, Any] | None:

@@ -1,0 +1,460 @@
+"""Day/night GPU rebalancing and AWQ quantization on the real local control plane.
+
+The operator (every handler: the core reconcile, the autoscaler, the share policy) runs in
+this process under kopf's KopfRunner, so the test can install a manual clock and compress
+a day into a few minutes. The rebalancing test brings its own GPU pool: simulated nodes
+managed by a private kwok whose stages never complete pods (offline Jobs run until they are
+suspended), tainted so no other test's pods land there. A monitor samples the cluster
+all along and checks that what the members ask never exceeds the pool.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+import localcluster
+from chattts_operator.handlers import sharepolicy as sharepolicy_handlers
+from chattts_operator.scheduling import clock
+from tests.cluster.test_operator_crd import install_crds
+
+REPO = Path(__file__).resolve().parents[2]
+POOL_KEY = "chattts.io/rebalancing-pool"
+SHARE_LABEL = "tts.chattts.io/share-policy"
+CAP = "tts.chattts.io/replica-cap"
+GPU_MEMORY = "nvidia.com/gpu.memory"
+NODE_MIB = 100_000
+REPLICA_MIB = 10_000
+JOB_MIB = 20_000
+MONDAY_NIGHT = datetime(2026, 6, 1, 6, 0, tzinfo=timezone.utc)
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 90, interval: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        try:
+            value = predicate()
+        except Exception as err:  # noqa: BLE001 - keep polling; report the last error on timeout
+            value, last = None, err
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last!r})" if last else ""))
+        time.sleep(interval)
+
+
+def kjson(cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+
+
+def apply(cluster, namespace: str | None, *objs: dict[str, Any]) -> None:
+    scope = ["-n", namespace] if namespace else []
+    cluster.kubectl("apply", *scope, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
+
+
+# --- the operator, in process, with a manual clock ----------------------------------------------
+
+
+@pytest.fixture
+def manual_clock() -> Iterator[clock.ManualClock]:
+    manual = clock.ManualClock(MONDAY_NIGHT)
+    clock.set_clock(manual)
+    yield manual
+    clock.set_clock(None)
+
+
+@pytest.fixture
+def operator(cluster, namespace, manual_clock, monkeypatch) -> Iterator[KopfRunner]:
+    install_crds(cluster)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/gpusharepolicies.tts.chattts.io")
+    for key, value in {
+        "CHATTTS_OPERATOR_METRICS_PORT": "0",
+        "CHATTTS_OPERATOR_HEALTH_PORT": "0",
+        "CHATTTS_OPERATOR_RESYNC_INTERVAL_SECONDS": "2",
+        "CHATTTS_OPERATOR_RUNTIME_IMAGE": "chattts-runtime:test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    saved = vars(sharepolicy_handlers.CONFIG).copy()
+    sharepolicy_handlers.configure(resync_seconds=0.5, settle_seconds=0.3, min_interval_seconds=0.1)
+    runner = KopfRunner(["run", "--standalone", "--verbose", "--namespace", namespace, "-m", "chattts_operator.handlers"],
+                        timeout=60)
+    with runner:
+        yield runner
+    sharepolicy_handlers.configure(**saved)
+    print(runner.output[-20000:])  # shown when the test fails
+
+
+# --- a private GPU pool -------------------------------------------------------------------------
+
+
+class GpuPool:
+    """Simulated GPU nodes only this test uses, and the kwok that runs their pods."""
+
+    def __init__(self, cluster, namespace: str, workdir: Path) -> None:
+        self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
+        self.nodes: list[str] = []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {POOL_KEY: self.namespace}
+
+    def start_kwok(self) -> None:
+        stages_dir = localcluster.default_bin_dir() / "kwok-stages"
+        # No pod-complete stage: an offline pod runs until its Job is suspended.
+        stages = [(stages_dir / f).read_text().strip() for f in
+                  ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-ready.yaml", "pod-delete.yaml")]
+        config = self.workdir / "kwok-stages.yaml"
+        config.write_text("\n---\n".join(stages) + "\n")
+        port = localcluster.free_ports(1)[0]
+        log = open(self.workdir / "kwok.log", "w")
+        self.proc = subprocess.Popen(
+            [str(localcluster.default_bin_dir() / "kwok"), f"--kubeconfig={self.cluster.kubeconfig}",
+             f"--config={config}", "--manage-all-nodes=false",
+             f"--manage-nodes-with-annotation-selector={POOL_KEY}={self.namespace}",
+             "--cidr=10.213.0.0/16", "--node-ip=10.213.0.1",
+             f"--server-address=127.0.0.1:{port}", f"--node-port={port}", "--node-lease-duration-seconds=40"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def add_node(self) -> str:
+        name = f"{self.namespace}-gpu-{len(self.nodes)}"[:63]
+        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "2", GPU_MEMORY: str(NODE_MIB)}
+        node = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {POOL_KEY: self.namespace, "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {**self.selector, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                           "type": "kwok", "nvidia.com/gpu.product": "TEST-GPU", "nvidia.com/gpu.count": "2",
+                           "nvidia.com/gpu.memory": str(NODE_MIB // 2)},
+            },
+            "spec": {"taints": [{"key": POOL_KEY, "value": self.namespace, "effect": "NoSchedule"}]},
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+        self.cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+        self.cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p",
+                             json.dumps({"status": {"capacity": resources, "allocatable": resources}}))
+        self.nodes.append(name)
+        wait_until(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                               for c in kjson(self.cluster, "get", "node", name)["status"].get("conditions", [])),
+                   f"node {name} Ready under the private kwok", timeout=60)
+        return name
+
+    def pod_placement(self) -> dict[str, Any]:
+        return {
+            "nodeSelector": dict(self.selector),
+            "tolerations": [{"key": POOL_KEY, "operator": "Equal", "value": self.namespace, "effect": "NoSchedule"}],
+        }
+
+    def close(self) -> None:
+        for name in self.nodes:
+            self.cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def gpu_pool(cluster, namespace, tmp_path) -> Iterator[GpuPool]:
+    pool = GpuPool(cluster, namespace, tmp_path)
+    try:
+        pool.start_kwok()
+        pool.add_node()
+        yield pool
+    finally:
+        pool.close()
+
+
+# --- the invariant, sampled from the cluster -----------------------------------------------------
+
+
+class Monitor(threading.Thread):
+    """Samples the cluster and records every instant at which members ask for more GPU memory
+    than the pool has. Asked: a member Deployment's pods, or as many as it is set to run if
+    more; a running Job's pods or its parallelism, a suspended one's pods still there."""
+
+    def __init__(self, cluster, namespace: str, pool: GpuPool, ctd: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.pool, self.ctd = cluster, namespace, pool, ctd
+        self.stop_event = threading.Event()
+        self.samples = 0
+        self.violations: list[str] = []
+        self.errors = 0
+
+    def sample(self) -> None:
+        nodes = kjson(self.cluster, "get", "nodes", "-l", f"{POOL_KEY}={self.namespace}")["items"]
+        pool_mib = sum(int(n["status"]["allocatable"].get(GPU_MEMORY, 0)) for n in nodes
+                       if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])))
+        objs = kjson(self.cluster, "get", "pods,jobs,deployments", "-n", self.namespace)["items"]
+        pods = [o for o in objs if o["kind"] == "Pod" and o["status"].get("phase") not in ("Succeeded", "Failed")]
+        serving = [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == self.ctd]
+        deployment = next((o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == self.ctd), None)
+        set_to = max(deployment["spec"].get("replicas", 0), deployment["status"].get("replicas", 0)) if deployment else 0
+        asked = max(len(serving), set_to) * REPLICA_MIB
+        for job in (o for o in objs if o["kind"] == "Job"):
+            live = sum(1 for p in pods if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") == job["metadata"]["name"])
+            running = not job["spec"].get("suspend")
+            asked += (max(live, job["spec"].get("parallelism", 1)) if running else live) * JOB_MIB
+        self.samples += 1
+        if asked > pool_mib:
+            self.violations.append(f"{datetime.now(timezone.utc).isoformat()}: asked {asked} MiB > pool {pool_mib} MiB")
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.sample()
+            except (subprocess.CalledProcessError, KeyError, ValueError, json.JSONDecodeError):
+                self.errors += 1
+            self.stop_event.wait(0.2)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=10)
+
+
+# --- the objects --------------------------------------------------------------------------------
+
+
+def policy(name: str, pool: GpuPool) -> dict[str, Any]:
+    return {
+        "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": pool.selector},
+            "timezone": "UTC",
+            "windows": [
+                {"name": "day", "start": "08:00", "end": "20:00", "online": 80, "offline": 20},
+                {"name": "night", "start": "20:00", "end": "08:00", "online": 60, "offline": 40},
+            ],
+        },
+    }
+
+
+def serving(name: str, policy_name: str, pool: GpuPool, replicas: int) -> dict[str, Any]:
+    placement = pool.pod_placement()
+    return {
+        "apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
+        "metadata": {"name": name, "labels": {SHARE_LABEL: policy_name}},
+        "spec": {
+            "replicas": replicas,
+            "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
+            "gpu": {"memory": f"{REPLICA_MIB}Mi", "profile": "gpu-memory", "nodeSelector": placement["nodeSelector"]},
+            "tolerations": placement["tolerations"],
+        },
+    }
+
+
+def offline_job(name: str, policy_name: str, pool: GpuPool, priority: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {SHARE_LABEL: policy_name},
+                     "annotations": {"tts.chattts.io/offline-priority": str(priority)}},
+        "spec": {
+            "suspend": True, "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never", "priorityClassName": "chattts-offline", **pool.pod_placement(),
+                "containers": [{"name": "work", "image": "registry.invalid/batch:1",
+                                "resources": {"limits": {GPU_MEMORY: str(JOB_MIB)}}}],
+            }},
+        },
+    }
+
+
+def state(cluster, namespace: str, ctd: str, policy_name: str) -> dict[str, Any]:
+    objs = kjson(cluster, "get", "pods,jobs,deployments", "-n", namespace)["items"]
+    obj = kjson(cluster, "get", "ctd", ctd, "-n", namespace)
+    pol = kjson(cluster, "get", "gpusharepolicy", policy_name)
+    running_pods = [o for o in objs if o["kind"] == "Pod" and o["status"].get("phase") == "Running"
+                    and not o["metadata"].get("deletionTimestamp")]
+    deployment = next((o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == ctd), {})
+    return {
+        "cap": (obj["metadata"].get("annotations") or {}).get(CAP),
+        "deployment_replicas": (deployment.get("spec") or {}).get("replicas"),
+        "serving_pods": sum(1 for p in running_pods if p["metadata"]["labels"].get("app.kubernetes.io/instance") == ctd),
+        "jobs_running": sorted(o["metadata"]["name"] for o in objs if o["kind"] == "Job" and not o["spec"].get("suspend")),
+        "job_pods": sorted(p["metadata"]["labels"].get("batch.kubernetes.io/job-name") for p in running_pods
+                           if p["metadata"]["labels"].get("batch.kubernetes.io/job-name")),
+        "window": (pol.get("status") or {}).get("window"),
+        "status": pol.get("status") or {},
+    }
+
+
+def expect(cluster, namespace: str, ctd: str, policy_name: str, *, window: str, replicas: int, jobs: list[str],
+           timeout: float = 120) -> dict[str, Any]:
+    def settled() -> dict[str, Any] | None:
+        s = state(cluster, namespace, ctd, policy_name)
+        ok = (s["window"] == window and s["cap"] == str(replicas) and s["deployment_replicas"] == replicas
+              and s["serving_pods"] == replicas and s["jobs_running"] == jobs and s["job_pods"] == jobs)
+        return s if ok else None
+    try:
+        return wait_until(settled, f"window {window}: {replicas} serving replicas and jobs {jobs}", timeout=timeout)
+    except AssertionError:
+        s = state(cluster, namespace, ctd, policy_name)
+        s["status"] = {k: s["status"].get(k) for k in ("window", "used", "budget", "conditions", "lastActions")}
+        raise AssertionError(f"not settled: {json.dumps(s, indent=1, default=str)}") from None
+
+
+def action_order(status: dict[str, Any], since: int) -> list[tuple[str, str]]:
+    return [(a["action"], a["name"]) for a in status.get("lastActions", [])[since:]]
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_a_day_compressed_into_minutes(cluster, namespace, gpu_pool, operator, manual_clock):
+    policy_name = f"pool-{namespace}"[:63]
+    ctd = "tts"
+    monitor = Monitor(cluster, namespace, gpu_pool, ctd)
+    try:
+        apply(cluster, None, policy(policy_name, gpu_pool))
+        apply(cluster, namespace, serving(ctd, policy_name, gpu_pool, replicas=10),
+              offline_job("replay-high", policy_name, gpu_pool, 9),
+              offline_job("quantize-mid", policy_name, gpu_pool, 5),
+              offline_job("synth-low", policy_name, gpu_pool, 1))
+        monitor.start()
+
+        # 06:00, night: online 60% of 100,000 MiB = 6 replicas; offline 40% = the two best jobs.
+        night = expect(cluster, namespace, ctd, policy_name, window="night", replicas=6,
+                       jobs=["quantize-mid", "replay-high"])
+        assert night["status"]["nextChange"] == "2026-06-01T08:00:00Z"
+        assert night["status"]["budget"] == {"onlineMiB": 60_000, "offlineMiB": 40_000}
+        seen = len(night["status"].get("lastActions", []))
+
+        # 08:00, day: online 80% = 8 replicas; offline 20% keeps only the highest-priority job.
+        manual_clock.set(datetime(2026, 6, 1, 8, 0, tzinfo=timezone.utc))
+        day = expect(cluster, namespace, ctd, policy_name, window="day", replicas=8, jobs=["replay-high"])
+        order = action_order(day["status"], seen)
+        assert order.index(("Suspend", "quantize-mid")) < order.index(("ScaleUp", ctd)), order
+        assert day["status"]["nextChange"] == "2026-06-01T20:00:00Z"
+        seen = len(day["status"]["lastActions"])
+
+        # 20:00, night again: online gives back 2 replicas before the job resumes.
+        manual_clock.set(datetime(2026, 6, 1, 20, 0, tzinfo=timezone.utc))
+        night = expect(cluster, namespace, ctd, policy_name, window="night", replicas=6,
+                       jobs=["quantize-mid", "replay-high"])
+        order = action_order(night["status"], seen)
+        assert order.index(("ScaleDown", ctd)) < order.index(("Resume", "quantize-mid")), order
+
+        # The pool grows at night: another 100,000 MiB node. Online 120,000 holds all 10
+        # replicas, offline 80,000 all three jobs.
+        gpu_pool.add_node()
+        grown = expect(cluster, namespace, ctd, policy_name, window="night", replicas=10,
+                       jobs=["quantize-mid", "replay-high", "synth-low"])
+        assert grown["status"]["pool"] == {"nodes": 2, "gpuMemoryMiB": 200_000}
+
+        # Tuesday 08:00: day again on the bigger pool: 160,000 online (10 wanted), 40,000 offline.
+        manual_clock.set(datetime(2026, 6, 2, 8, 0, tzinfo=timezone.utc))
+        expect(cluster, namespace, ctd, policy_name, window="day", replicas=10, jobs=["quantize-mid", "replay-high"])
+    finally:
+        monitor.stop()
+        cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)
+
+    assert monitor.samples > 20, f"the monitor took only {monitor.samples} samples ({monitor.errors} errors)"
+    assert monitor.violations == [], "\n".join(monitor.violations[:20])
+
+    # Online pods may preempt offline ones: the operator made both PriorityClasses.
+    online_pc = kjson(cluster, "get", "priorityclass", "chattts-online")
+    offline_pc = kjson(cluster, "get", "priorityclass", "chattts-offline")
+    assert online_pc["value"] > offline_pc["value"] and offline_pc["preemptionPolicy"] == "Never"
+    # Events on the members and on the policy tell the story.
+    reasons = {(e["involvedObject"]["kind"], e["reason"])
+               for e in kjson(cluster, "get", "events", "-n", namespace)["items"]}
+    assert ("Job", "Suspended") in reasons and ("Job", "Resumed") in reasons
+    assert ("ChatTTSDeployment", "ReplicaCapChanged") in reasons
+    policy_events = {e["reason"] for e in kjson(cluster, "get", "events", "-A", "--field-selector",
+                                                  f"involvedObject.name={policy_name}")["items"]}
+    assert {"WindowChanged", "Suspended", "Resumed", "ScaledUp", "ScaledDown"} <= policy_events
+
+
+# --- quantization -------------------------------------------------------------------------------
+
+
+def static_pvc(cluster, namespace: str, name: str, path: str) -> None:
+    """A PVC bound to a hostPath PV (no provisioner here), so pods using it schedule."""
+    pv = f"{namespace}-{name}"[:63]
+    apply(cluster, None, {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv, "labels": {"chattts.io/test": namespace}},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": path},
+                 "claimRef": {"namespace": namespace, "name": name}},
+    })
+    apply(cluster, namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })
+
+
+def test_quantization_job_runs_and_serving_switches_to_read_only_awq(cluster, namespace, operator):
+    try:
+        static_pvc(cluster, namespace, "weights", "/srv/chattts")
+        static_pvc(cluster, namespace, "weights-rw", "/srv/chattts-awq")
+        apply(cluster, namespace, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "calib"},
+                                   "data": {"texts.jsonl": '{"text": "hello"}\n'}})
+        apply(cluster, namespace, {
+            "apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": "tts"},
+            "spec": {
+                "replicas": 2,
+                "model": {"pvc": {"claimName": "weights", "subPath": "chattts-fp16"}, "format": "fp16"},
+                "gpu": {"memory": "8Gi"},
+                "quantization": {"calibration": {"configMap": {"name": "calib", "key": "texts.jsonl"}},
+                                 "output": {"claimName": "weights-rw", "subPath": "awq"}, "nSamples": 8},
+            },
+        })
+
+        def quantized() -> dict[str, Any] | None:
+            obj = kjson(cluster, "get", "ctd", "tts", "-n", namespace)
+            cond = next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Quantized"), None)
+            return obj if cond and cond["status"] == "True" else None
+
+        obj = wait_until(quantized, "the Quantized condition", timeout=120)
+        status = obj["status"]["quantization"]
+        assert status["state"] == "Succeeded" and status["serving"] is True
+        digest = status["hash"]
+
+        # The Job ran to completion under kwok (offline class, GPU limits, fp16 source read-only).
+        job = kjson(cluster, "get", "job", status["jobName"], "-n", namespace)
+        assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
+        pod_spec = job["spec"]["template"]["spec"]
+        assert pod_spec["priorityClassName"] == "chattts-offline"
+        assert pod_spec["containers"][0]["resources"]["limits"][GPU_MEMORY] == "8192"
+        assert pod_spec["containers"][0]["args"][:2] == ["quantize", "--model"]
+
+        def switched() -> dict[str, Any] | None:
+            dep = kjson(cluster, "get", "deployment", "tts", "-n", namespace)
+            volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+            claims = [v for v in volumes.values() if (v.get("persistentVolumeClaim") or {}).get("claimName") == "weights-rw"]
+            return dep if claims else None
+
+        dep = wait_until(switched, "the Deployment to mount the quantized weights", timeout=60)
+        pod = dep["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if (v.get("persistentVolumeClaim") or {}).get("claimName") == "weights-rw")
+        assert volume["persistentVolumeClaim"]["readOnly"] is True
+        mounts = [m for c in pod["containers"] for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]
+        assert mounts and all(m.get("readOnly") is True for m in mounts)
+        assert all(m.get("subPath") == f"awq/{digest}" for m in mounts)
+        assert not any((v.get("persistentVolumeClaim") or {}).get("claimName") == "weights" for v in pod["volumes"])
+        runtime = kjson(cluster, "get", "configmap", "tts-runtime", "-n", namespace)
+        config = yaml.safe_load(next(iter(runtime["data"].values())))
+        assert config["model"]["format"] == "awq"
+        reasons = {e["reason"] for e in kjson(cluster, "get", "events", "-n", namespace,
+                                              "--field-selector", "involvedObject.name=tts")["items"]}
+        assert {"QuantizationStarted", "Quantized"} <= reasons
+    finally:
+        cluster.kubectl("delete", "pv", "-l", f"chattts.io/test={namespace}", "--wait=false", check=False)
