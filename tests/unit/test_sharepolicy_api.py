@@ -79,3 +79,17 @@ def test_the_examples_are_valid():
     job["metadata"].update(namespace="batch", uid="u")
     member = offline_member(job, [], per_gpu_mib=143_771)
     assert member.suspended and member.per_pod_mib == 16_384 and member.priority == 10
+
+
+def test_the_quantization_example_is_a_valid_ctd():
+    from pathlib import Path
+
+    import yaml
+
+    from chattts_operator.api.chattts import ChatTTSDeploymentSpec
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+    ctd = yaml.safe_load((root / "gpusharepolicy-awq-quantization.yaml").read_text())
+    spec = ChatTTSDeploymentSpec.model_validate(ctd["spec"])
+    assert spec.quantization is not None and spec.quantization.share_policy == "gpu-pool"
+    assert ctd["metadata"]["labels"]["tts.chattts.io/share-policy"] == "gpu-pool"
