@@ -1,6 +1,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VLLM_PY := .venv-vllm/bin/python
 
 .PHONY: venv vllm-venv binaries test test-unit demo demo-down cluster-up cluster-down crds bench
 
@@ -16,8 +17,10 @@ binaries:
 crds: venv
 	$(PY) -m chattts_operator.crdgen
 
-test: venv binaries
-	$(PY) -m pytest -q
+# The README's test command: every tier (unit, cluster, helm, runtime in .venv; vllm in .venv-vllm).
+test: venv vllm-venv binaries
+	$(PY) -m pytest -q --ignore=tests/vllm
+	$(VLLM_PY) -m pytest -q tests/vllm
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
