@@ -140,3 +140,15 @@ class StreamingDecoder:
         self._emitted = max(self._emitted, end)
         self._decoded_frames = n
         return out.astype(np.float32, copy=False)
+
+
+def available_formats() -> tuple[str, ...]:
+    """Formats this installation can encode (wav and pcm always)."""
+    out = []
+    for fmt in ALL_FORMATS:
+        try:
+            check_format(fmt, False)
+            out.append(fmt)
+        except UnsupportedFormat:
+            pass
+    return tuple(out)

@@ -13,6 +13,7 @@ Routes: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /health`` (process 
 
 import asyncio
 import base64
+import signal
 import json
 import logging
 import time
@@ -250,6 +251,11 @@ def serve(config: RuntimeConfig) -> int:
             # Readiness drops first so load balancers stop sending; uvicorn then stops accepting.
             holder.begin_drain()
             super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals after shutdown (the process would die of SIGTERM);
+            # a drained SIGTERM is how a pod normally ends, so it exits 0 instead.
+            captured = getattr(self, "_captured_signals", None)
+            if sig == signal.SIGTERM and isinstance(captured, list) and sig in captured:
+                captured.remove(sig)
 
     server = DrainingServer(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, log_level="info", access_log=False,

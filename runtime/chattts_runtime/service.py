@@ -250,13 +250,3 @@ class SpeechService:
         await self.engine.stop()
         self._decode_pool.shutdown(wait=False)
 
-
-def available_formats() -> tuple[str, ...]:
-    out = []
-    for fmt in ALL_FORMATS:
-        try:
-            check_format(fmt, False)
-            out.append(fmt)
-        except UnsupportedFormat:
-            pass
-    return tuple(out)
