@@ -52,7 +52,8 @@ async def make_api_client() -> client.ApiClient:
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)
     else:
-        await config.load_kube_config(client_configuration=configuration)
+        # Read $KUBECONFIG now: the client's own default is frozen when it is imported.
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return client.ApiClient(configuration)
 
 
