@@ -48,11 +48,16 @@ def tiny_model(tiny_checkpoint):
     return load_chattts(tiny_checkpoint)
 
 
-def vllm_runtime_config(checkpoint: Path, **engine):
-    """A CPU-sized RuntimeConfig for the vllm engine (float32, eager: quick start, exact numerics)."""
+CPU_ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 16}
+
+
+@pytest.fixture(scope="session")
+def vllm_runtime_config():
+    """``(checkpoint, **engine) -> RuntimeConfig`` sized for the CPU (float32: exact numerics; eager: quick start)."""
     from chattts_runtime.config import RuntimeConfig
 
-    settings = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 16}
-    settings.update(engine)
-    return RuntimeConfig.model_validate({"model": {"path": str(checkpoint)}, "engine_kind": "vllm",
-                                         "engine": settings, "device": "cpu"})
+    def make(checkpoint: Path, **engine):
+        return RuntimeConfig.model_validate({"model": {"path": str(checkpoint)}, "engine_kind": "vllm",
+                                             "engine": {**CPU_ENGINE, **engine}, "device": "cpu"})
+
+    return make

@@ -1,0 +1,43 @@
+"""Frames <-> token ids (pure; runs wherever the tier runs)."""
+from __future__ import annotations
+
+import pytest
+
+from chattts_runtime.vllm_plugin.layout import FrameDecodeError, TokenLayout
+
+LAYOUT = TokenLayout(text_tokens=100, audio_tokens=626, num_vq=4)
+
+
+def test_vocabulary_is_text_then_one_range_per_codebook():
+    assert LAYOUT.vocab_size == 100 + 4 * 626
+    assert LAYOUT.code_token(0, 0) == 100
+    assert LAYOUT.code_token(3, 625) == LAYOUT.vocab_size - 1
+    assert LAYOUT.stop_token == LAYOUT.code_token(0, 625)
+    assert LAYOUT.split(LAYOUT.code_token(2, 17)) == (2, 17)
+
+
+def test_a_frame_round_trips_through_token_and_carriers():
+    frame = (3, 600, 0, 624)
+    token = LAYOUT.code_token(0, frame[0])
+    carriers = [LAYOUT.code_token(k, frame[k]) for k in (3, 1, 2)]  # any order, the token may repeat
+    assert LAYOUT.decode_frame(token, [token, *carriers]) == frame
+
+
+def test_missing_carrier_is_an_error():
+    token = LAYOUT.code_token(0, 1)
+    with pytest.raises(FrameDecodeError, match=r"codebooks \[3\]"):
+        LAYOUT.decode_frame(token, [LAYOUT.code_token(1, 2), LAYOUT.code_token(2, 2)])
+
+
+def test_sampled_token_must_be_codebook_zero():
+    with pytest.raises(FrameDecodeError, match="carrier"):
+        LAYOUT.decode_frame(LAYOUT.code_token(1, 5), [])
+    with pytest.raises(FrameDecodeError, match="not an audio code"):
+        LAYOUT.decode_frame(5, [])
+
+
+def test_two_carriers_for_one_codebook_is_an_error():
+    token = LAYOUT.code_token(0, 1)
+    ids = [LAYOUT.code_token(1, 2), LAYOUT.code_token(1, 3), LAYOUT.code_token(2, 2), LAYOUT.code_token(3, 2)]
+    with pytest.raises(FrameDecodeError, match="two carriers"):
+        LAYOUT.decode_frame(token, ids)
