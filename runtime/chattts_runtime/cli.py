@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                 server = config.server.model_copy(update={k: v for k, v in
                                                           (("host", args.host), ("port", args.port)) if v})
                 config = config.model_copy(update={"server": server})
+            from chattts_runtime.model.config import CheckpointError, load_model_sizes  # noqa: PLC0415
+
+            try:  # a wrong model path fails here, before the server starts
+                load_model_sizes(config.model.path)
+            except CheckpointError as err:
+                print(f"chattts-runtime: model.path: {err}", file=sys.stderr)
+                return 2
             from chattts_runtime.server import serve  # noqa: PLC0415
 
             return serve(config)

@@ -186,6 +186,7 @@ def test_malformed_json_and_wrong_content_type(server):
         assert speech(c, input="still serving", response_format="pcm").status_code == 200
 
 
+@pytest.mark.slow
 def test_full_queue_answers_429_with_retry_after(start_server, endless_checkpoint):
     srv = start_server({"engine": {"max_num_seqs": 1}, "server": {"max_queue": 1},
                         "generation": {"max_new_frames": 400}}, checkpoint=endless_checkpoint)
@@ -206,6 +207,7 @@ def test_full_queue_answers_429_with_retry_after(start_server, endless_checkpoin
         assert speech(c, input="after the burst", response_format="pcm").status_code == 200
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_and_exits_0(start_server, endless_checkpoint):
     srv = start_server({"generation": {"max_new_frames": 300, "stream_chunk_frames": 12}},
                        checkpoint=endless_checkpoint)
