@@ -82,22 +82,26 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model):
 
 def test_queue_bound_and_max_model_len(tiny_model):
     async def scenario():
-        engine = ReferenceEngine(tiny_model, max_num_seqs=1, max_waiting=2, max_model_len=64)
+        engine = ReferenceEngine(tiny_model, max_num_seqs=1, max_waiting=1, max_model_len=64)
         await engine.start()
-        params = SamplingParams(temperature=0, max_new_frames=30)
-        streams = [engine.submit(request(tiny_model, i, "queued", params)) for i in range(2)]
-        with pytest.raises(QueueFull):
-            engine.submit(request(tiny_model, 9, "one too many", params))
-        with pytest.raises(EngineError, match="max_model_len"):
-            engine.submit(request(tiny_model, 10, "x " * 100, params))
-        results = []
-        for s in streams:
-            results.append([c async for c in s])
-        await engine.stop()
+        try:
+            params = SamplingParams(temperature=0, max_new_frames=30, min_new_frames=30)
+            running = engine.submit(request(tiny_model, 0, "running", params))
+            first = await running.__anext__()  # admitted: the one batch slot is taken
+            waiting = engine.submit(request(tiny_model, 1, "waiting", params))
+            assert engine.num_waiting == 1
+            with pytest.raises(QueueFull):
+                engine.submit(request(tiny_model, 9, "one too many", params))
+            with pytest.raises(EngineError, match="max_model_len"):
+                engine.submit(request(tiny_model, 10, "x " * 100, params))
+            results = [[first] + [c async for c in running], [c async for c in waiting]]
+        finally:
+            await engine.stop()
         return results
 
     results = asyncio.run(scenario())
-    assert all(r[-1].finished for r in results)
+    assert all(r[-1].finished and r[-1].finish_reason == "length" for r in results)
+    assert [sum(len(c.codes) for c in r) for r in results] == [30, 30]
 
 
 def test_abandoned_stream_is_aborted_and_engine_keeps_serving(tiny_model):

@@ -52,10 +52,11 @@ class BatchKVCache:
         end = self.length + t
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
-    def advance(self, t: int) -> None:
-        """Mark ``t`` columns appended by every layer as used and valid."""
-        self.valid = torch.cat(
-            (self.valid, torch.ones(self.batch_size, t, dtype=torch.bool, device=self.device)), dim=1)
+    def advance(self, t: int, valid: torch.Tensor | None = None) -> None:
+        """Mark ``t`` columns appended by every layer as used; ``valid [B, t]`` (default all True)."""
+        if valid is None:
+            valid = torch.ones(self.batch_size, t, dtype=torch.bool, device=self.device)
+        self.valid = torch.cat((self.valid, valid.to(device=self.device, dtype=torch.bool)), dim=1)
         self.length += t
 
     def add_rows(self, other: "BatchKVCache") -> None:

@@ -41,37 +41,51 @@ class _Sequence:
 
 
 def sample_codes(logits: torch.Tensor, seqs: list[_Sequence], eos: int) -> torch.Tensor:
-    """``logits [B, num_vq, V]`` float32 -> codes ``[B, num_vq]`` following each request's params."""
+    """``logits [B, num_vq, V]`` float32 -> codes ``[B, num_vq]`` following each request's params.
+
+    Row-wise operations only, so a row's result does not depend on the batch. Sampled
+    rows draw their uniforms from their own generator (seeded requests reproduce).
+    """
+    params = [s.request.params for s in seqs]
+    counts = [len(s.frames) for s in seqs]
+    blocked = [i for i, (p, n) in enumerate(zip(params, counts)) if n < p.min_new_frames]
+    if blocked:
+        logits = logits.clone()
+        logits[blocked, :, eos] = -torch.inf
     out = logits.argmax(dim=-1)
-    for row, seq in enumerate(seqs):
-        p: SamplingParams = seq.request.params
-        n = len(seq.frames)
-        if p.greedy and n >= p.min_new_frames:
-            continue
-        scores = logits[row].clone()
-        if n < p.min_new_frames:
-            scores[:, eos] = -torch.inf
-        if p.greedy:
-            out[row] = scores.argmax(dim=-1)
-            continue
-        scores /= p.temperature
-        if p.repetition_penalty != 1.0 and n:
-            recent = torch.from_numpy(np.stack(seq.frames[-p.repetition_window:])).to(scores.device)
-            freq = torch.zeros_like(scores)
-            freq.scatter_add_(1, recent.t().contiguous(), torch.ones_like(recent.t(), dtype=scores.dtype))
-            freq[:, eos] = 0  # the end code is never penalised
-            alpha = torch.pow(torch.tensor(p.repetition_penalty, dtype=scores.dtype), freq)
-            scores = torch.where(scores < 0, scores * alpha, scores / alpha)
-        if p.top_k and p.top_k < scores.shape[-1]:
-            kth = torch.topk(scores, p.top_k, dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, -torch.inf)
-        if p.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-            cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-            drop = cum - sorted_scores.softmax(dim=-1) > p.top_p  # keep the token that crosses top_p
-            scores = scores.masked_fill(drop.scatter(1, order, drop), -torch.inf)
-        probs = scores.softmax(dim=-1)
-        out[row] = torch.multinomial(probs, 1, generator=seq.generator).squeeze(-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return out
+    dev = logits.device
+    sub = logits[rows]
+    b, q, v = sub.shape
+    ps = [params[i] for i in rows]
+    sub = sub / torch.tensor([p.temperature for p in ps], device=dev)[:, None, None]
+    penalties = torch.tensor([p.repetition_penalty for p in ps], device=dev)
+    if bool((penalties != 1.0).any()):
+        window = max(p.repetition_window for p in ps)
+        recent = torch.full((b, window, q), v, dtype=torch.long)  # v = "no code" (padding column)
+        for j, i in enumerate(rows):
+            frames = seqs[i].frames[-ps[j].repetition_window:]
+            if frames:
+                recent[j, window - len(frames):] = torch.from_numpy(np.stack(frames))
+        freq = torch.zeros(b, q, v + 1, device=dev)
+        freq.scatter_add_(2, recent.to(dev).transpose(1, 2), torch.ones(b, q, window, device=dev))
+        freq = freq[:, :, :v]
+        freq[:, :, eos] = 0  # the end code is never penalised
+        alpha = torch.pow(penalties[:, None, None], freq)
+        sub = torch.where(sub < 0, sub * alpha, sub / alpha)
+    ks = torch.tensor([p.top_k if 0 < p.top_k < v else v for p in ps], device=dev)
+    sorted_scores, order = torch.sort(sub, dim=-1, descending=True)
+    kth = sorted_scores.gather(2, (ks - 1)[:, None, None].expand(b, q, 1))
+    drop_sorted = sorted_scores < kth
+    top_p = torch.tensor([p.top_p for p in ps], device=dev)[:, None, None]
+    sorted_probs = sorted_scores.masked_fill(drop_sorted, -torch.inf).softmax(dim=-1)
+    drop_sorted |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p  # keep the code that crosses top_p
+    probs = sorted_scores.masked_fill(drop_sorted, -torch.inf).softmax(dim=-1)
+    uniforms = torch.stack([torch.rand(q, generator=seqs[i].generator) for i in rows]).to(dev)
+    pick = torch.searchsorted(probs.cumsum(dim=-1), uniforms[:, :, None]).clamp_(max=v - 1)
+    out[rows] = order.gather(2, pick).squeeze(-1)
     return out
 
 
@@ -204,8 +218,8 @@ class ReferenceEngine(Engine):
                             seq.done = True
                             events.append((seq.request.request_id, self._final(seq, "aborted")))
                     self._drop_finished()
-                    for seq in admitted:
-                        self._prefill(seq, events)
+                    if admitted:
+                        self._prefill(admitted, events)
                     self._drop_finished()
                     if self._running:
                         self._decode_step(events)
@@ -221,7 +235,10 @@ class ReferenceEngine(Engine):
                     self._running = []
                     self._cache = self._new_cache()
                 if events and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._deliver, events)
+                    try:
+                        self._loop.call_soon_threadsafe(self._deliver, events)
+                    except RuntimeError:  # the event loop is gone: nobody is listening any more
+                        return
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
@@ -235,21 +252,34 @@ class ReferenceEngine(Engine):
             self._cache.keep_rows(keep)
             self._running = [self._running[i] for i in keep]
 
-    def _prefill(self, seq: _Sequence, events: list[tuple[str, FrameChunk]]) -> None:
-        req = seq.request
-        self.observer.on_scheduled(req, time.monotonic() - req.arrival)
+    def _prefill(self, seqs: list[_Sequence], events: list[tuple[str, FrameChunk]]) -> None:
+        """Run the prompts of newly admitted requests together (left-padded), sample their first frames."""
+        now = time.monotonic()
+        for seq in seqs:
+            self.observer.on_scheduled(seq.request, now - seq.request.arrival)
         model = self.model
-        speaker = torch.from_numpy(req.speaker) if req.speaker is not None else None
-        embeds = model.gpt.prompt_embeds(req.prompt_ids, speaker, model.tokenizer.spk_emb_id)
-        t = embeds.shape[1]
-        cache = self._new_cache(rows=1)
-        positions = torch.arange(t, device=model.device).unsqueeze(0)
-        hidden = model.gpt.forward_step(embeds, positions, cache)[:, -1]
-        seq.position = t
-        self.observer.on_step(1)
-        self._running.append(seq)
+        dev = model.device
+        embeds = [model.gpt.prompt_embeds(s.request.prompt_ids,
+                                          torch.from_numpy(s.request.speaker) if s.request.speaker is not None
+                                          else None, model.tokenizer.spk_emb_id)[0] for s in seqs]
+        t = max(e.shape[0] for e in embeds)
+        batch = torch.zeros(len(seqs), t, embeds[0].shape[-1], dtype=embeds[0].dtype, device=dev)
+        valid = torch.zeros(len(seqs), t, dtype=torch.bool, device=dev)
+        positions = torch.zeros(len(seqs), t, dtype=torch.long, device=dev)
+        for row, e in enumerate(embeds):
+            n = e.shape[0]
+            batch[row, t - n:] = e
+            valid[row, t - n:] = True
+            positions[row, t - n:] = torch.arange(n, device=dev)
+        cache = self._new_cache(rows=len(seqs))
+        padded = None if bool(valid.all()) else valid
+        hidden = model.gpt.forward_step(batch, positions, cache, new_valid=padded)[:, -1]
+        self.observer.on_step(len(seqs))
+        for seq, e in zip(seqs, embeds):
+            seq.position = e.shape[0]
+        self._running.extend(seqs)
         self._cache.add_rows(cache)
-        self._emit(seq, hidden[0], model.gpt.embed.code_logits(hidden)[0:1], events)
+        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
     def _decode_step(self, events: list[tuple[str, FrameChunk]]) -> None:
         model = self.model
@@ -260,30 +290,28 @@ class ReferenceEngine(Engine):
         hidden = model.gpt.forward_step(embeds, positions, self._cache)[:, 0]
         self.steps += 1
         self.observer.on_step(len(seqs))
-        logits = model.gpt.embed.code_logits(hidden)
-        next_codes = sample_codes(logits, seqs, self._eos)
-        for row, seq in enumerate(seqs):
+        for seq in seqs:
             seq.position += 1
-            self._accept(seq, next_codes[row], hidden[row], events)
+        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
-    def _emit(self, seq: _Sequence, hidden: torch.Tensor, logits: torch.Tensor,
-              events: list[tuple[str, FrameChunk]]) -> None:
-        codes = sample_codes(logits, [seq], self._eos)[0]
-        self._accept(seq, codes, hidden, events)
-
-    def _accept(self, seq: _Sequence, codes: torch.Tensor, hidden: torch.Tensor,
-                events: list[tuple[str, FrameChunk]]) -> None:
-        rid = seq.request.request_id
-        if bool((codes == self._eos).any()):
-            seq.done = True
-            events.append((rid, self._final(seq, "eos")))
-            return
-        frame = codes.cpu().numpy().astype(np.int64)
-        seq.frames.append(frame)
-        seq.last_codes = codes
-        params = seq.request.params
-        length_done = len(seq.frames) >= params.max_new_frames or seq.position + 1 > self.max_model_len
-        hid = hidden.float().cpu().numpy()[None] if seq.request.want_hidden else None
-        seq.done = length_done
-        events.append((rid, FrameChunk(frame[None], hid, finished=length_done,
-                                       finish_reason="length" if length_done else None)))
+    def _accept_all(self, seqs: list[_Sequence], codes: torch.Tensor, hidden: torch.Tensor,
+                    events: list[tuple[str, FrameChunk]]) -> None:
+        codes_cpu = codes.cpu()  # one device->host copy per step, not one per row
+        ended = (codes_cpu == self._eos).any(dim=1).tolist()
+        frames = codes_cpu.numpy().astype(np.int64)
+        hidden_cpu = hidden.float().cpu().numpy() if any(s.request.want_hidden for s in seqs) else None
+        for row, seq in enumerate(seqs):
+            rid = seq.request.request_id
+            if ended[row]:
+                seq.done = True
+                events.append((rid, self._final(seq, "eos")))
+                continue
+            frame = frames[row]
+            seq.frames.append(frame)
+            seq.last_codes = codes_cpu[row]
+            length_done = (len(seq.frames) >= seq.request.params.max_new_frames
+                           or seq.position + 1 > self.max_model_len)
+            hid = hidden_cpu[row][None] if seq.request.want_hidden else None
+            seq.done = length_done
+            events.append((rid, FrameChunk(frame[None], hid, finished=length_done,
+                                           finish_reason="length" if length_done else None)))

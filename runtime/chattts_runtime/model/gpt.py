@@ -88,7 +88,7 @@ class KVCache(Protocol):
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def advance(self, t: int) -> None: ...
+    def advance(self, t: int, valid: torch.Tensor | None = None) -> None: ...
 
 
 class ChatTTSGPT(nn.Module):
@@ -113,21 +113,27 @@ class ChatTTSGPT(nn.Module):
         inputs_embeds: torch.Tensor,
         position_ids: torch.Tensor,
         cache: "KVCache",
+        new_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the body over ``T`` new positions of each row and extend ``cache`` by them.
 
         inputs_embeds ``[B, T, H]``; position_ids ``[B, T]``; ``cache`` holds the rows'
         earlier positions (see ``engines.kvcache.BatchKVCache``: ``valid [B, S]`` marks
-        real columns, ``append(layer, k, v)`` stores new keys and returns all of them).
+        real columns, ``append(layer, k, v)`` stores new keys and returns all of them);
+        ``new_valid [B, T]`` marks left padding among the new positions (batched prefill).
         Returns the final-normed hidden states ``[B, T, H]``.
         """
         s = self.sizes
         llama = self.llama
         h = inputs_embeds.to(self.dtype)
         bsz, t, _ = h.shape
-        causal = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
-        attn_mask = torch.cat((cache.valid[:, None, None, :].expand(bsz, 1, t, cache.length),
-                               causal.expand(bsz, 1, t, t)), dim=-1)
+        new_mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril().expand(bsz, 1, t, t)
+        if new_valid is not None:
+            # Padding keys are hidden from real queries; a padding query sees itself only, so
+            # no row of the softmax is empty (an empty row would turn into NaN and spread).
+            eye = torch.eye(t, dtype=torch.bool, device=h.device)
+            new_mask = (new_mask & new_valid[:, None, None, :]) | eye
+        attn_mask = torch.cat((cache.valid[:, None, None, :].expand(bsz, 1, t, cache.length), new_mask), dim=-1)
         cos, sin = llama.rotary_emb(h, position_ids)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
 
@@ -146,7 +152,7 @@ class ChatTTSGPT(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        cache.advance(t)
+        cache.advance(t, new_valid)
         return llama.norm(h)
 
     def prompt_embeds(self, input_ids: Sequence[int], speaker: torch.Tensor | None,
