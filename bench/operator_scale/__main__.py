@@ -1,0 +1,124 @@
+"""Operator scale benchmark: ``python -m bench.operator_scale [--sizes 100,1000] [--out bench/results]``.
+
+Starts its own local control plane (``--cluster-name``, default ``opscale-bench``; never the
+test cluster) with the nodes of ``nodes.yaml``, runs the phases of ``run.py`` and writes
+``operator-scale-results.json`` and ``operator-scale-results.md``. ``--keep-cluster``
+leaves the cluster running (``python hack/cluster/localcluster.py down --name opscale-bench``).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.operator_scale import report
+from bench.operator_scale.kubeapi import Api, ssl_context_for
+from bench.operator_scale.run import REPO, Bench, install_crds, log, versions
+
+sys.path.insert(0, str(REPO / "hack" / "cluster"))
+import localcluster  # noqa: E402
+
+NODES_FILE = Path(__file__).resolve().parent / "nodes.yaml"
+
+
+def machine() -> str:
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import os  # noqa: PLC0415
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 2 ** 20
+    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, {platform.system()} {platform.release()}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.operator_scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100,1000", help="comma-separated numbers of ChatTTSDeployments")
+    parser.add_argument("--unrelated", type=int, default=5000, help="unrelated Deployments (and as many Pods); 0: skip")
+    parser.add_argument("--reaction-samples", type=int, default=200)
+    parser.add_argument("--reaction-rate", type=float, default=5.0, help="spec changes per second (open loop)")
+    parser.add_argument("--resync-interval", type=float, default=30.0,
+                        help="the operator's resync interval for the no-op resync phase (s)")
+    parser.add_argument("--concurrency", type=int, default=32, help="the benchmark client's requests in flight")
+    parser.add_argument("--max-minutes", type=float, default=45.0, help="phases after this are skipped")
+    parser.add_argument("--profile", action="store_true", help="py-spy the operator during the create phases")
+    parser.add_argument("--cluster-name", default="opscale-bench")
+    parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, results: dict) -> None:
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    results["sizes"] = sizes
+    deadline = time.monotonic() + args.max_minutes * 60
+    out_file = args.out / "operator-scale-results.json"
+
+    def save() -> None:
+        out_file.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+    async with Api(cluster.server, ssl_context_for(cluster.pki), connections=args.concurrency + 16) as api:
+        bench = Bench(cluster, api, args.out, args.concurrency, deadline)
+        bench.profile = args.profile
+        try:
+            for i, n in enumerate(sizes):
+                largest = i == len(sizes) - 1
+                results[f"baseline_{n}"] = await bench.baseline(n)
+                save()
+                results[f"operator_{n}"] = await bench.operator_create(n, keep=largest)
+                save()
+            managed = sizes[-1]
+            interval = str(args.resync_interval)
+            results["restart_none"] = await bench.restart(managed, "no unrelated objects",
+                                                          resync_interval_seconds=interval)
+            save()
+            results["noop_resync"] = await bench.noop_resync(managed, args.resync_interval)
+            save()
+            results["reaction"] = await bench.reaction(f"bench-op-{managed}", managed, args.reaction_samples,
+                                                       args.reaction_rate)
+            save()
+            if args.unrelated and time.monotonic() < deadline:
+                results["unrelated"] = await bench.create_unrelated(args.unrelated)
+                save()
+                results["restart_unrelated"] = await bench.restart(
+                    managed, f"{args.unrelated} unrelated Deployments + Pods", resync_interval_seconds=interval)
+                save()
+        finally:
+            if bench.operator is not None:
+                bench.operator.stop()
+            save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cluster = localcluster.LocalCluster(args.cluster_name, nodes_file=NODES_FILE)
+    log(f"starting cluster {args.cluster_name!r}")
+    cluster.stop(purge=True)  # a fresh, empty etcd: earlier runs must not weigh on this one
+    cluster.start()
+    results: dict = {"meta": {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "command": "python -m bench.operator_scale " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "versions": versions(cluster),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+    }}
+    try:
+        install_crds(cluster)
+        asyncio.run(run(args, cluster, results))
+    finally:
+        if not args.keep_cluster:
+            cluster.stop(purge=True)
+        (args.out / "operator-scale-results.md").write_text(report.markdown(results))
+        print(report.table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
