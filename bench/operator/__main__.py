@@ -37,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
+
 from chattts_operator.api.chattts import API_VERSION, KIND, PLURAL  # noqa: E402
 from chattts_operator.kube import Kube, make_api_client  # noqa: E402
 from chattts_operator.reconcile import Observed, compute_status, desired_state, parse_spec  # noqa: E402
@@ -61,13 +63,21 @@ def ctd(name: str) -> dict[str, Any]:
     }
 
 
-async def _bounded(coros, limit: int = IN_FLIGHT) -> list[Any]:
+async def _bounded(calls, limit: int = IN_FLIGHT) -> list[Any]:
+    """Run coroutine factories, ``limit`` at a time; an overloaded API server's 429/5xx is
+    retried (the operator retries those too), so both sides pay the same back-off."""
     semaphore = asyncio.Semaphore(limit)
 
-    async def run(coro):
+    async def run(make):
         async with semaphore:
-            return await coro
-    return await asyncio.gather(*(run(c) for c in coros))
+            for attempt in range(8):
+                try:
+                    return await make()
+                except ApiException as err:
+                    if err.status not in (429, 500, 503, 504) or attempt == 7:
+                        raise
+                    await asyncio.sleep(0.5 * 2 ** attempt)
+    return await asyncio.gather(*(run(m) for m in calls))
 
 
 async def create_namespace(kube: Kube, name: str) -> None:
@@ -77,7 +87,8 @@ async def create_namespace(kube: Kube, name: str) -> None:
 
 async def create_objects(kube: Kube, namespace: str, n: int) -> list[dict[str, Any]]:
     path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
-    return await _bounded(kube._call("POST", path, body=ctd(f"tts-{i}")) for i in range(n))
+    return await _bounded(
+        (lambda i=i: kube._call("POST", path, body=ctd(f"tts-{i}"))) for i in range(n))
 
 
 async def baseline_round(kube: Kube, namespace: str, n: int) -> float:
@@ -96,7 +107,7 @@ async def baseline_round(kube: Kube, namespace: str, n: int) -> float:
         status = compute_status(desired, Observed(live, deployment_applied=True), None, "2026-01-01T00:00:00Z")
         await kube.patch_status(KIND, namespace, body["metadata"]["name"], status)
 
-    await _bounded(children_and_status(body) for body in created)
+    await _bounded((lambda b=body: children_and_status(b)) for body in created)
     return time.perf_counter() - started
 
 
@@ -235,6 +246,11 @@ async def main_async(args: argparse.Namespace, kubeconfig: Path) -> dict[str, An
         rss_loaded = operator.rss_mib()
     finally:
         operator.stop()
+        for ns in op_namespaces + [f"bench-base-{stamp}-{r}" for r in range(args.rounds)]:
+            try:
+                await kube._call("DELETE", f"/api/v1/namespaces/{ns}")
+            except Exception:  # noqa: BLE001 - best effort on a cluster we may share
+                pass
         await kube.close()
     base_median, op_median = statistics.median(baseline), statistics.median(measured)
     return {
