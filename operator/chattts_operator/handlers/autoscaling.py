@@ -246,6 +246,10 @@ class Autoscaler:
                 state.history = History(decision.history.recommendations, history.scale_events)
 
         new_status = next_status(previous, decision, current, now, scale_error=scale_error)
+        if new_status.decisions and (previous is None or new_status.decisions[-1] not in previous.decisions):
+            record = new_status.decisions[-1]
+            log.info("%s/%s: %s %d -> %d: %s", namespace, name, record.reason, record.current_replicas,
+                     record.desired_replicas, record.message)
         if worth_writing(previous, new_status):
             dumped = new_status.model_dump(by_alias=True, exclude_none=True)
             await self.kube.patch_status(KIND, namespace, name, {"autoscaling": dumped})
