@@ -13,6 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
+# Required; kubectl is built too but may come from PATH when CHATTTS_CLUSTER_BIN_DIR is used.
 tools=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm)
 
 if [[ -n "${CHATTTS_CLUSTER_BIN_DIR:-}" ]]; then
@@ -55,6 +56,8 @@ build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.ve
 build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kflags"
 build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$kflags"
 build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$kflags"
+# kubectl of the same minor as the server (a distro kubectl may be outside the version skew).
+build kubernetes kubectl k8s.io/kubernetes/cmd/kubectl "$kflags"
 
 # kwok's default stages ship inside its module; copy them beside the binaries.
 stages="$bin/kwok-stages"

@@ -187,6 +187,8 @@ def write_pki(pki: Path) -> None:
     issue("kube-scheduler", name("system:kube-scheduler"), server=False)
     # kwok writes the status of every node and pod, beyond what the Node authorizer allows a kubelet.
     issue("kwok", name("kwok-controller", "system:masters"), server=False)
+    # The API server's identity towards aggregated API servers (front proxy).
+    issue("front-proxy-client", name("front-proxy-client"), server=False)
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_private(pki / "sa.key", key_pem(sa_key))
@@ -195,6 +197,16 @@ def write_pki(pki: Path) -> None:
     # The CA last: its presence marks a complete PKI folder.
     _write_private(pki / "ca.key", key_pem(ca_key))
     (pki / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+
+
+PKI_FILES = ("ca.crt", "ca.key", "sa.key", "sa.pub") + tuple(
+    f"{stem}.{ext}" for stem in ("apiserver", "admin", "kube-controller-manager", "kube-scheduler", "kwok",
+                                 "front-proxy-client") for ext in ("crt", "key"))
+
+
+def pki_complete(pki: Path) -> bool:
+    """Whether write_pki() has produced every file (a PKI from an older version is redone)."""
+    return all((pki / f).exists() for f in PKI_FILES)
 
 
 def kubeconfig_document(cluster_name: str, server: str, pki: Path, user: str) -> dict[str, Any]:
@@ -428,6 +440,15 @@ class LocalCluster(ClusterHandle):
                     f"--service-account-signing-key-file={pki / 'sa.key'}",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                    # Front-proxy settings: aggregated APIs work, and the controller-manager and
+                    # scheduler find the request-header CA they look up at start.
+                    f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                    "--requestheader-allowed-names=front-proxy-client",
+                    "--requestheader-username-headers=X-Remote-User",
+                    "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                    f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                     "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                     "--enable-admission-plugins=NodeRestriction",
                     f"--feature-gates={FEATURE_GATES}",
@@ -478,6 +499,9 @@ class LocalCluster(ClusterHandle):
         except (FileNotFoundError, ValueError):
             return None
         cmdline = _proc_cmdline(pid)
+        if not cmdline and child is not None and child.pid == pid and child.returncode is None:
+            # Our own child in the middle of exec: the new command line is not set up yet.
+            return pid
         if _proc_state(pid) in (None, "Z") or not cmdline or Path(cmdline[0]).name != component \
                 or not any(str(self.dir) in arg for arg in cmdline):
             return None
@@ -497,6 +521,15 @@ class LocalCluster(ClusterHandle):
                                      cwd=self.dir, env=env, start_new_session=True)
         self._children[component] = child
         self._pid_file(component).write_text(str(child.pid))
+
+    def _exit_detail(self, component: str) -> str:
+        child = self._children.get(component)
+        if child is not None and child.poll() is not None:
+            return f"exit status {child.returncode}"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            pid = int(self._pid_file(component).read_text())
+            return f"pid {pid}, state {_proc_state(pid)}, command {' '.join(_proc_cmdline(pid))[:200]!r}"
+        return "no pid file"
 
     def _log_tail(self, component: str, lines: int = 30) -> str:
         with contextlib.suppress(FileNotFoundError):
@@ -535,7 +568,7 @@ class LocalCluster(ClusterHandle):
             if self.healthy(component):
                 return
             if self.pid(component) is None:
-                raise ClusterError(f"{component} exited during start; last log lines "
+                raise ClusterError(f"{component} exited during start ({self._exit_detail(component)}); last log lines "
                                    f"({self.logs / (component + '.log')}):\n{self._log_tail(component)}")
             time.sleep(0.25)
         raise ClusterError(f"{component} not healthy after {timeout:.0f} s; last log lines:\n"
@@ -608,7 +641,7 @@ class LocalCluster(ClusterHandle):
                 return self
             self._stop_all()
             shutil.rmtree(self.etcd_data, ignore_errors=True)
-            if not (self.pki / "ca.crt").exists():
+            if not pki_complete(self.pki):
                 shutil.rmtree(self.pki, ignore_errors=True)
                 write_pki(self.pki)
             self.state_file.write_text(json.dumps({
@@ -640,15 +673,19 @@ class LocalCluster(ClusterHandle):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _stop_all(self) -> None:
+        stopped = [c for c in reversed(COMPONENTS) if self.pid(c) is not None]
         for component in reversed(COMPONENTS):
             self.stop_component(component)
         # Anything else still running from this cluster's folder (a pid file lost, say).
         for pid in processes_mentioning(str(self.dir) + "/"):
             cmdline = _proc_cmdline(pid)
             if cmdline and Path(cmdline[0]).name in COMPONENTS:
+                stopped.append(Path(cmdline[0]).name)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        if self.state_file.exists():
+                self._wait_for(lambda: _proc_state(pid) in (None, "Z"), f"stray pid {pid} to exit", 10)
+        # Only ports this cluster held; after a long stop another program may own them.
+        if stopped and self.state_file.exists():
             ports = self.ports.all()
             self._wait_for(lambda: not listening_ports(ports), "the cluster's ports to close", 15)
 

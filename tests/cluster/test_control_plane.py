@@ -140,8 +140,12 @@ def test_gpu_memory_deployment_is_scheduled_and_becomes_ready(cluster, kubectl, 
 
 def test_mig_pod_lands_on_the_mig_node(cluster, kubectl, namespace):
     apply(kubectl, namespace, pod_manifest("mig", {"nvidia.com/mig-3g.71gb": 1}))
-    pod = wait_until(lambda: (p := get_json(kubectl, "pod", "mig", "-n", namespace))
-                     if condition(p, "Ready") == "True" else None, "the MIG pod to become Ready")
+
+    def ready_pod():
+        pod = get_json(kubectl, "pod", "mig", "-n", namespace)
+        return pod if condition(pod, "Ready") == "True" else None
+
+    pod = wait_until(ready_pod, "the MIG pod to become Ready")
     assert pod["spec"]["nodeName"] == "gpu-h200-mig-0"
 
 
