@@ -8,6 +8,7 @@ delete Nodes, create Pods, grant itself more, or touch namespaces it does not wa
 """
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -19,13 +20,11 @@ from typing import Iterator
 import pytest
 import yaml
 
-from conftest import REPO, Helm
+from conftest import Helm
 
 pytestmark = pytest.mark.helm
 
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-EXAMPLE = REPO / "deploy" / "examples" / "chattts-hami-hostpath.yaml"
-EXAMPLE_NAME = "chattts-hami"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
@@ -47,7 +46,7 @@ class Identity:
         return result.stdout.strip() == "yes"
 
 
-def _token_kubeconfig(cluster, token: str, path: Path) -> Path:
+def _token_kubeconfig(cluster, token: str, namespace: str, path: Path) -> Path:
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
     cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
@@ -55,7 +54,9 @@ def _token_kubeconfig(cluster, token: str, path: Path) -> Path:
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
         "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        # As in a pod: the default namespace is the ServiceAccount's (kopf posts the Events of
+        # cluster-scoped objects there).
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator", "namespace": namespace}}],
         "current-context": "operator",
     }))
     path.chmod(0o600)
@@ -81,7 +82,7 @@ def identity(request, cluster, namespace, helm: Helm, tmp_path) -> Iterator[Iden
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     try:
         token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
-        kubeconfig = _token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+        kubeconfig = _token_kubeconfig(cluster, token, namespace, tmp_path / "operator.kubeconfig")
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         yield Identity(release, namespace, service_account, kubeconfig, env, watch)
     finally:
@@ -129,42 +130,150 @@ def _wait_for(predicate, what: str, timeout: float = 90):
         time.sleep(0.5)
 
 
-def _children(cluster, namespace: str) -> list[dict]:
-    return cluster.kubectl_json("get", "deployments", "-n", namespace, "-l", f"{INSTANCE_LABEL}={EXAMPLE_NAME}")["items"]
+def _get(cluster, *args: str) -> dict:
+    return cluster.kubectl_json("get", *args)
 
 
-def _ready_replicas(cluster, namespace: str) -> int:
-    ctd = cluster.kubectl_json("get", "ctd", EXAMPLE_NAME, "-n", namespace)
+def _serving_deployments(cluster, namespace: str, name: str) -> list[dict]:
+    selector = f"{INSTANCE_LABEL}={name},app.kubernetes.io/component=tts-server"
+    return _get(cluster, "deployments", "-n", namespace, "-l", selector)["items"]
+
+
+def _jobs(cluster, namespace: str, name: str) -> list[dict]:
+    return [j for j in _get(cluster, "jobs", "-n", namespace, "-l", f"{INSTANCE_LABEL}={name}")["items"]
+            if not j["metadata"].get("deletionTimestamp")]
+
+
+def _status(cluster, namespace: str, name: str) -> dict:
+    ctd = _get(cluster, "ctd", name, "-n", namespace)
     status = ctd.get("status") or {}
-    if status.get("observedGeneration") != ctd["metadata"]["generation"]:
-        return -1
-    return int(status.get("readyReplicas") or 0)
+    return status if status.get("observedGeneration") == ctd["metadata"]["generation"] else {}
 
 
-def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, identity, monkeypatch, caplog):
-    ns = identity.namespace
+def _refusals(caplog) -> list[str]:
+    words = ("403", "Forbidden", "forbidden", "Not enough permissions")
+    return [r.getMessage() for r in caplog.records if any(w in r.getMessage() for w in words)]
+
+
+@pytest.fixture
+def weights(cluster, namespace) -> Iterator[dict[str, str]]:
+    """Read-only fp16 weights, a writable output claim and calibration texts, as static hostPath
+    PersistentVolumes bound to claims in the namespace (no provisioner here)."""
+    suffix = secrets.token_hex(3)
+    claims = {"weights": ("ReadOnlyMany", f"rbac-weights-{suffix}"), "awq": ("ReadWriteMany", f"rbac-awq-{suffix}")}
+    documents = []
+    for claim, (mode, volume) in claims.items():
+        documents.append({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+                          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [mode], "storageClassName": "",
+                                   "persistentVolumeReclaimPolicy": "Retain",
+                                   "claimRef": {"namespace": namespace, "name": claim},
+                                   "hostPath": {"path": f"/srv/{volume}", "type": "DirectoryOrCreate"}}})
+        documents.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                          "metadata": {"name": claim, "namespace": namespace},
+                          "spec": {"accessModes": [mode], "storageClassName": "", "volumeName": volume,
+                                   "resources": {"requests": {"storage": "1Gi"}}}})
+    documents.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "calibration", "namespace": namespace},
+                      "data": {"texts.jsonl": '{"text": "hello"}\n'}})
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+    try:
+        yield {"weights": "weights", "awq": "awq"}
+    finally:
+        for _, volume in claims.values():
+            cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _ctd(name: str, group_size: int, max_num_seqs: int, labels: dict[str, str] | None = None) -> dict:
+    return {
+        "apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "replicas": 1,
+            "model": {"pvc": {"claimName": "weights"}, "format": "fp16"},
+            "engine": {"maxNumSeqs": max_num_seqs},
+            "gpu": {"memory": "16Gi", "profile": "hami"},
+            # min 2 with 1 replica: the autoscaler's first pass scales up through /scale.
+            "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 3},
+            "quantization": {"calibration": {"configMap": {"name": "calibration", "key": "texts.jsonl"}},
+                             "output": {"claimName": "awq", "subPath": "awq"}, "groupSize": group_size},
+        },
+    }
+
+
+def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, identity, weights, monkeypatch,
+                                                                        caplog):
+    """Every code path of the core, the autoscaler and quantization, as the chart's identity."""
+    ns, name = identity.namespace, "rbac-tts"
     caplog.set_level(logging.INFO)
     with operator_running_as(identity, monkeypatch):
-        # create: children appear, pods run (kwok), status is written.
-        cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
-        (deployment,) = _wait_for(lambda: _children(cluster, ns), "the serving Deployment")
-        assert deployment["spec"]["replicas"] == 1
-        pod_spec = deployment["spec"]["template"]["spec"]
-        limits = pod_spec["containers"][0]["resources"]["limits"]
+        # create: Deployment, Service, ConfigMap; the AWQ Job; the autoscaler scales 1 -> 2.
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_ctd(name, 128, 64)))
+        (deployment,) = _wait_for(lambda: _serving_deployments(cluster, ns, name), "the serving Deployment")
+        limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpumem"] == "16384" and limits["nvidia.com/gpu"] == "1"
-        _wait_for(lambda: _ready_replicas(cluster, ns) == 1, "status.readyReplicas == 1")
+        (first_job,) = _wait_for(lambda: _jobs(cluster, ns, name), "the quantization Job")
+        _wait_for(lambda: _get(cluster, "ctd", name, "-n", ns)["spec"]["replicas"] == 2,
+                  "the autoscaler to scale to minReplicas", timeout=120)
+        _wait_for(lambda: _status(cluster, ns, name).get("readyReplicas") == 2, "2 ready replicas in status")
+        _wait_for(lambda: (_status(cluster, ns, name).get("quantization") or {}).get("state") == "Succeeded",
+                  "the quantization Job to succeed (kwok completes its pod)")
 
-        # update: the change reaches the Deployment and the status follows.
-        cluster.kubectl("patch", "ctd", EXAMPLE_NAME, "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 2}}')
-        _wait_for(lambda: _children(cluster, ns)[0]["spec"]["replicas"] == 2, "the Deployment to scale to 2")
-        _wait_for(lambda: _ready_replicas(cluster, ns) == 2, "status.readyReplicas == 2")
+        # update: a new quantization spec replaces the Job (stale one deleted); the engine change
+        # reaches the runtime config; status follows.
+        cluster.kubectl("patch", "ctd", name, "-n", ns, "--type=merge", "-p", json.dumps(
+            {"spec": {"engine": {"maxNumSeqs": 32}, "quantization": {"groupSize": 64}}}))
+        stale = first_job["metadata"]["name"]
+        _wait_for(lambda: (names := [j["metadata"]["name"] for j in _jobs(cluster, ns, name)]) and stale not in names,
+                  "the stale Job to be replaced by a new one")
+        _wait_for(lambda: "max_num_seqs: 32" in json.dumps(_get(cluster, "configmaps", "-n", ns, "-l",
+                                                                 f"{INSTANCE_LABEL}={name}")["items"]),
+                  "the runtime config to carry the new engine setting")
+        _wait_for(lambda: _status(cluster, ns, name).get("readyReplicas") == 2, "status of the new generation")
 
-        # delete: completes (any finalizer of the operator is released) and the children go with it.
-        cluster.kubectl("delete", "ctd", EXAMPLE_NAME, "-n", ns, "--wait=true", "--timeout=60s")
-        _wait_for(lambda: not _children(cluster, ns), "the garbage collector to remove the Deployment")
+        # delete: completes (any finalizer of the operator is released); the garbage collector takes the children.
+        cluster.kubectl("delete", "ctd", name, "-n", ns, "--wait=true", "--timeout=60s")
+        _wait_for(lambda: not _serving_deployments(cluster, ns, name) and not _jobs(cluster, ns, name),
+                  "the garbage collector to remove the children")
 
-    refused = [r.getMessage() for r in caplog.records
-               if any(word in r.getMessage() for word in ("403", "Forbidden", "forbidden", "Not enough permissions"))]
+    refused = _refusals(caplog)
+    assert not refused, "the operator was refused:\n" + "\n".join(refused)
+
+
+def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, monkeypatch, caplog):
+    """GPUSharePolicy passes: nodes, members in the namespace, a Job resumed, a replica cap
+    written, policy status and Events (in the operator's namespace), the finalizer released."""
+    ns = identity.namespace
+    policy = f"rbac-{secrets.token_hex(3)}"
+    label = {"tts.chattts.io/share-policy": policy}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "offline", "labels": label},
+           "spec": {"suspend": True, "template": {"spec": {
+               "restartPolicy": "Never",
+               "containers": [{"name": "work", "image": "chattts-runtime:0.1.0",
+                               "resources": {"limits": {"nvidia.com/gpu.memory": "16384"}}}]}}}}
+    caplog.set_level(logging.INFO)
+    try:
+        with operator_running_as(identity, monkeypatch):
+            cluster.kubectl("apply", "-f", "-", input=json.dumps({
+                "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
+                "spec": {"nodeSelector": {"matchLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+                         "defaultShares": {"online": 50, "offline": 50}}}))
+            cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+            member = _ctd("member", 128, 64, labels=label)
+            del member["spec"]["quantization"], member["spec"]["autoscaling"]
+            cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(member))
+            _wait_for(lambda: _get(cluster, "job", "offline", "-n", ns)["spec"].get("suspend") is False,
+                      "the policy to resume its offline Job")
+            _wait_for(lambda: "tts.chattts.io/replica-cap" in (
+                _get(cluster, "ctd", "member", "-n", ns)["metadata"].get("annotations") or {}),
+                "the policy's replica cap on its online member")
+            _wait_for(lambda: (_get(cluster, "gsp", policy).get("status") or {}).get("shares"), "the policy's status")
+            _wait_for(lambda: _get(cluster, "events", "-n", ns, "--field-selector",
+                                   f"involvedObject.name={policy}")["items"], "an Event about the policy")
+            cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
+    finally:
+        if cluster.kubectl("get", "gsp", policy, check=False).returncode == 0:
+            cluster.kubectl("patch", "gsp", policy, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
+            cluster.kubectl("delete", "gsp", policy, "--ignore-not-found", check=False)
+    refused = _refusals(caplog)
     assert not refused, "the operator was refused:\n" + "\n".join(refused)
 
 
