@@ -61,3 +61,11 @@ def vllm_runtime_config():
                                              "engine": {**CPU_ENGINE, **engine}, "device": "cpu"})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def endless_checkpoint(tmp_path_factory) -> Path:
+    """Never emits the end code: every request yields exactly ``max_new_frames`` frames."""
+    from chattts_runtime.testing import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "endless", endless=True, seed=1)
