@@ -67,5 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
+        memo=kopf.Memo(watch_namespaces=namespaces),
     )
     return 0

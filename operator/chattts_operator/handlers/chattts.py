@@ -6,8 +6,9 @@ decides with pure functions (reconcile.py) and does the reads and writes.
 - create / update / resume of a ChatTTSDeployment: reconcile it now.
 - every watch event of a ChatTTSDeployment: remember the latest object (the resync loop
   and Deployment events reconcile from it, without reading it again).
-- watch events of the Deployments we manage (label-selected): refresh status when pods
-  become ready, and put back a hand edit or a deleted Deployment at once.
+- watch events of the Deployments we manage (a list+watch with a server-side label
+  selector, watch.py, not kopf: see there why): refresh status when pods become ready,
+  and put back a hand edit or a deleted Deployment at once.
 - a resync loop (a task, not a kopf timer: kopf timers need a finalizer on every object,
   and we want none: owner references collect the children) reconciles every object each
   ``resync_interval_seconds``.
@@ -32,8 +33,10 @@ from chattts_operator.builders import LABEL_MANAGED_BY, MANAGED_BY
 from chattts_operator.controller import Controller, copy_body, owner_key
 from chattts_operator.kube import Kube, make_api_client
 from chattts_operator.settings import OperatorSettings
+from chattts_operator.watch import ListWatch
 
 PERSISTENCE_PREFIX = "chattts.io"
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 log = logging.getLogger("chattts_operator")
 
 
@@ -56,17 +59,54 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.controller = controller
     memo.started_at = time.time()
     memo.resync_task = asyncio.create_task(controller.resync_forever(), name="chattts-resync")
+    # The CLI passes the namespaces it gave kopf; under `kopf run -m` the settings decide.
+    namespaces = list(getattr(memo, "watch_namespaces", None) or operator_settings.watch_namespaces)
+    memo.deployment_watches = [
+        ListWatch(kube, path, MANAGED_SELECTOR, _deployment_event_handler(controller))
+        for path in ([f"/apis/apps/v1/namespaces/{ns}/deployments" for ns in namespaces]
+                     or ["/apis/apps/v1/deployments"])
+    ]
+    memo.watch_tasks = [asyncio.create_task(w.run_forever(), name=f"chattts-watch {w.path}")
+                        for w in memo.deployment_watches]
     # Port 0 picks a free port (tests run several operators in one process).
     server, _thread = metrics.serve(operator_settings.metrics_port)
     memo.metrics_server = server
     log.info("operator metrics on :%d/metrics", server.server_port)
 
 
+def _deployment_event_handler(controller: Controller):
+    """Reconcile the owner of a changed Deployment, in its own task (the watch keeps reading);
+    controller.reconcile_key collapses bursts for one object into one run."""
+    pending: set[asyncio.Task] = set()
+
+    async def reconcile_owner(key, kind: str, obj: dict[str, Any]) -> None:
+        deleted = kind == "DELETED"
+        try:
+            await controller.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
+                                           live_deployment=None if deleted else obj, deployment_deleted=deleted)
+        except ApiException as err:
+            log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
+                        *key, err.status, err.reason)
+        except Exception:  # noqa: BLE001 - never lose the watch over one object
+            log.exception("reconcile of %s/%s after a Deployment event failed", *key)
+
+    async def on_event(kind: str, obj: dict[str, Any]) -> None:
+        key = owner_key(obj)
+        if key is None or (kind == "LISTED"):
+            return  # listed Deployments are covered by the resume of their owners
+        task = asyncio.create_task(reconcile_owner(key, kind, obj))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    return on_event
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task is not None:
+    tasks = [t for t in [getattr(memo, "resync_task", None), *getattr(memo, "watch_tasks", [])] if t is not None]
+    for task in tasks:
         task.cancel()
+    for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     controller: Controller | None = getattr(memo, "controller", None)
@@ -107,26 +147,6 @@ async def track_object(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.controller.observe(copy_body(obj), deleted=event.get("type") == "DELETED")
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY})
-async def child_deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    obj = event.get("object")
-    if not isinstance(obj, dict):
-        return
-    key = owner_key(obj)
-    if key is None:
-        return
-    deleted = event.get("type") == "DELETED"
-    try:
-        # A deleted Deployment is recreated by a full reconcile; otherwise the event's
-        # object is the live Deployment (no need to read it again).
-        await memo.controller.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
-                                            live_deployment=None if deleted else copy_body(obj),
-                                            deployment_deleted=deleted)
-    except ApiException as err:
-        log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
-                    *key, err.status, err.reason)
-
-
 @kopf.on.probe(id="resync")
 def resync_probe(memo: kopf.Memo, **_: Any) -> float | None:
     """Seconds since the last full resync pass; the liveness endpoint fails (500) when the
@@ -134,9 +154,9 @@ def resync_probe(memo: kopf.Memo, **_: Any) -> float | None:
     controller: Controller | None = getattr(memo, "controller", None)
     if controller is None:
         return None
-    task = getattr(memo, "resync_task", None)
-    if task is not None and task.done():
-        raise RuntimeError("the resync loop has stopped")
+    for task in [getattr(memo, "resync_task", None), *getattr(memo, "watch_tasks", [])]:
+        if task is not None and task.done():
+            raise RuntimeError(f"the task {task.get_name()!r} has stopped")
     since = controller.last_resync or memo.started_at
     age = time.time() - since
     if age > 3 * controller.settings.resync_interval_seconds + 60:
