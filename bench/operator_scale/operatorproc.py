@@ -34,8 +34,9 @@ class OperatorProcess:
     instances = 0  # log files of every instance and start stay apart
 
     def __init__(self, kubeconfig: Path | str, log_dir: Path, namespaces: tuple[str, ...] = (),
-                 **settings: str) -> None:
+                 verbose: bool = False, **settings: str) -> None:
         self.namespaces = namespaces  # empty: the whole cluster (the chart's default)
+        self.verbose = verbose  # kopf's DEBUG log (watch restarts after 410 Gone are logged there)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_port = free_port()
@@ -67,7 +68,8 @@ class OperatorProcess:
         self.starts += 1
         scope = [arg for ns in self.namespaces for arg in ("--namespace", ns)] or ["--all-namespaces"]
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "chattts_operator", "run", *scope],
+        flags = ["--verbose"] if self.verbose else []
+        self.proc = subprocess.Popen([sys.executable, "-m", "chattts_operator", "run", *scope, *flags],
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         if wait:
             self.wait_healthy(timeout)

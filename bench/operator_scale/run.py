@@ -38,6 +38,11 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def loadavg() -> float:
+    """The 1-minute load average: how busy the (shared) machine was around a phase."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100)."""
     if not values:
@@ -121,7 +126,7 @@ class Bench:
         window = apimetrics.delta(await self.api_counts(), before)
         await tracker.stop()
         result = {
-            "n": n, "concurrency": self.concurrency, "child_writes": writes,
+            "n": n, "concurrency": self.concurrency, "child_writes": writes, "loadavg_1m": loadavg(),
             "seconds_writes_returned": round(t_written, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_deployments_ready": round(t_ready, 2) if t_ready else None,
@@ -163,7 +168,7 @@ class Bench:
         reconciles = op.metric_sum("chattts_operator_reconciles_total") - reconciles_before
         sample = op.proc_sample()
         result = {
-            "n": n,
+            "n": n, "loadavg_1m": loadavg(),
             "seconds_creates_returned": round(t_created, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_status_written": round(t_status, 2) if t_status else None,
@@ -226,7 +231,7 @@ class Bench:
         await asyncio.sleep(idle_seconds)
         idle_end = op.proc_sample()
         result = {
-            "label": label, "managed": managed,
+            "label": label, "managed": managed, "loadavg_1m": loadavg(),
             "seconds_to_healthy": round(t_healthy, 2), "seconds_to_resume_all": round(t_resumed, 2),
             "resumed": int(resumed), "timed_out": resumed < managed,
             "startup_cpu_seconds": round(startup.cpu_seconds, 1),
@@ -269,7 +274,7 @@ class Bench:
         attribution = apimetrics.attribute(window)
         passes = op.metric_sum("chattts_operator_reconciles_total", trigger="resync") - resyncs_before
         result = {
-            "managed": managed, "interval_seconds": interval,
+            "managed": managed, "interval_seconds": interval, "loadavg_1m": loadavg(),
             "pass_seconds": round(second - first - interval, 2),
             "resync_reconciles": int(passes),
             "results": {r: int(op.metric_sum("chattts_operator_reconciles_total", trigger="resync", result=r))
@@ -323,6 +328,7 @@ class Bench:
         await tracker.stop()
         result = {
             "managed": managed, "changes": len(tasks), "rate_per_second": rate, "missed": missed,
+            "loadavg_1m": loadavg(),
             "p50_ms": round(1000 * percentile(latencies, 50), 1) if latencies else None,
             "p90_ms": round(1000 * percentile(latencies, 90), 1) if latencies else None,
             "p99_ms": round(1000 * percentile(latencies, 99), 1) if latencies else None,

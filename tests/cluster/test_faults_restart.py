@@ -1,0 +1,174 @@
+"""Control-plane restarts under a running operator: kube-apiserver (with etcd compacted
+meanwhile, so every watch's resourceVersion has expired: 410 Gone) and an etcd crash.
+
+These run on a cluster of their own (``faults-<pid>``), not the session cluster: restarting
+the session cluster's API server would break whatever other tests of the session hold open
+against it (module-scoped operators, watches, port-forwards). The price is one more control
+plane start (~30-60 s on two cores) for this module.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import localcluster
+from bench.operator_scale.operatorproc import OperatorProcess
+from tests.cluster.test_faults import (
+    CHILD_KINDS,
+    MANAGED,
+    converged,
+    ctd,
+    expected_config_hash,
+    kube_list,
+    wait_until,
+)
+from tests.cluster.test_operator_crd import install_crds
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def own_cluster(cluster_bin_dir: Path):
+    cluster = localcluster.LocalCluster(f"faults-{os.getpid()}", bin_dir=cluster_bin_dir)
+    try:
+        cluster.start()
+        install_crds(cluster)
+        yield cluster
+    finally:
+        cluster.stop(purge=True)
+
+
+@pytest.fixture
+def own_namespace(own_cluster, request) -> str:
+    name = f"faults-{request.node.name[5:30].replace('_', '-').strip('-')}"
+    own_cluster.kubectl("create", "namespace", name)
+    wait_until(lambda: own_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False)
+               .returncode == 0, "the default ServiceAccount", timeout=60, interval=0.3)
+    return name
+
+
+@pytest.fixture
+def operator(own_cluster, own_namespace, tmp_path):
+    # --verbose: kopf logs watch-stream restarts after 410 Gone at DEBUG level.
+    op = OperatorProcess(own_cluster.kubeconfig, tmp_path, namespaces=(own_namespace,), verbose=True,
+                         resync_interval_seconds="30").start()
+    yield op
+    op.stop()
+    print(f"--- operator log ---\n{op.log_tail(40)}")
+
+
+# --- etcd's JSON gateway (no etcdctl needed) -------------------------------------------------------
+
+
+def etcd_call(cluster: localcluster.LocalCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{cluster.ports.etcd_client}{path}",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def expire_resource_versions(cluster: localcluster.LocalCluster) -> int:
+    """Write outside the API server's keyspace, then compact etcd at the newest revision:
+    every resourceVersion a client holds is now older than what etcd (and a fresh watch
+    cache) can serve, so resuming a watch from it answers 410 Gone."""
+    for i in range(3):
+        etcd_call(cluster, "/v3/kv/put", {"key": b64(f"/chattts-faults/bump-{i}"), "value": b64(str(time.time()))})
+    revision = int(etcd_call(cluster, "/v3/kv/range", {"key": b64("/chattts-faults/bump-0")})["header"]["revision"])
+    etcd_call(cluster, "/v3/kv/compaction", {"revision": str(revision), "physical": True})
+    return revision
+
+
+# --- shared scenario -------------------------------------------------------------------------------
+
+
+def apply_all(kubectl, namespace: str, objs: list[dict[str, Any]]) -> None:
+    kubectl("apply", "-n", namespace, "-f", "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}), timeout=120)
+
+
+def patch_seqs(kubectl, namespace: str, names: list[str], value: int) -> None:
+    for name in names:
+        kubectl("patch", "ctd", name, "-n", namespace, "--type=merge",
+                "-p", json.dumps({"spec": {"engine": {"maxNumSeqs": value}}}))
+
+
+def settled(kubectl, namespace: str, expected: dict[str, int]) -> bool:
+    """Exactly the expected objects, each converged with its newest spec in its Deployment, and
+    the children of deleted objects collected."""
+    objs = {o["metadata"]["name"]: o for o in kube_list(kubectl, namespace, "ctd")}
+    if set(objs) != set(expected) or not all(converged(o) for o in objs.values()):
+        return False
+    if any(o["spec"]["engine"]["maxNumSeqs"] != expected[n] for n, o in objs.items()):
+        return False
+    deployments = {d["metadata"]["name"]: d for d in kube_list(kubectl, namespace, "deployments", "-l", MANAGED)}
+    if set(deployments) != set(expected):
+        return False
+    for name, obj in objs.items():
+        annotations = deployments[name]["spec"]["template"]["metadata"].get("annotations") or {}
+        if annotations.get("chattts.io/config-hash") != expected_config_hash(obj):
+            return False
+    children = kube_list(kubectl, namespace, ",".join(CHILD_KINDS), "-l", MANAGED)
+    return len(children) == 4 * len(expected)
+
+
+def run_scenario(cluster, namespace: str, op: OperatorProcess, fault) -> float:
+    """Eight objects served; four spec changes land just before ``fault()``; after it, two more
+    changes, two creates, two deletes. Returns seconds from the fault's end to convergence."""
+    kubectl = cluster.kubectl
+    names = [f"tts-{i}" for i in range(8)]
+    apply_all(kubectl, namespace, [ctd(n) for n in names])
+    expected = {n: 64 for n in names}
+    wait_until(lambda: settled(kubectl, namespace, expected), "eight objects Ready", timeout=180)
+
+    patch_seqs(kubectl, namespace, names[:4], 96)  # in flight when the fault hits
+    expected.update({n: 96 for n in names[:4]})
+    fault()
+    back = time.monotonic()
+    wait_until(lambda: cluster.kubectl("get", "--raw", "/readyz", check=False).returncode == 0,
+               "the API server to be ready", timeout=120)
+    patch_seqs(kubectl, namespace, names[4:6], 112)
+    expected.update({n: 112 for n in names[4:6]})
+    apply_all(kubectl, namespace, [ctd("tts-new-0"), ctd("tts-new-1")])
+    expected.update({"tts-new-0": 64, "tts-new-1": 64})
+    kubectl("delete", "ctd", names[6], names[7], "-n", namespace, "--wait=false")
+    for name in names[6:]:
+        expected.pop(name)
+    wait_until(lambda: settled(kubectl, namespace, expected), "convergence after the fault", timeout=240, interval=1)
+    recovery = time.monotonic() - back
+    assert op.running() and op.starts == 1, "the operator restarted (crash) instead of reconnecting"
+    return recovery
+
+
+def test_apiserver_restart_with_expired_resource_versions_converges(own_cluster, own_namespace, operator):
+    def fault() -> None:
+        own_cluster.stop_component("kube-apiserver")
+        expire_resource_versions(own_cluster)
+        own_cluster.start_component("kube-apiserver")
+
+    recovery = run_scenario(own_cluster, own_namespace, operator, fault)
+    print(f"\nkube-apiserver restart (etcd compacted meanwhile): converged {recovery:.1f}s after it was back")
+    # kopf resumed its watches from resourceVersions that no longer exist: 410 Gone, then a relist.
+    assert "Restarting the watch-stream" in operator.log_text()
+
+
+def test_etcd_crash_during_operation_converges(own_cluster, own_namespace, operator):
+    def fault() -> None:
+        own_cluster.stop_component("etcd", sig=signal.SIGKILL)
+        time.sleep(5)  # the operator's requests fail meanwhile (the API server answers 5xx/timeouts)
+        own_cluster.start_component("etcd")
+
+    recovery = run_scenario(own_cluster, own_namespace, operator, fault)
+    print(f"\netcd crash (SIGKILL, 5 s down): converged {recovery:.1f}s after it was back")
