@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import kubernetes
 import pytest
 import yaml
 from kopf.testing import KopfRunner
@@ -26,6 +27,7 @@ from kopf.testing import KopfRunner
 import localcluster
 from chattts_operator.handlers import sharepolicy as sharepolicy_handlers
 from chattts_operator.scheduling import clock
+from chattts_operator.scheduling.resources import parse_quantity
 from tests.cluster.test_operator_crd import install_crds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,9 +88,14 @@ def operator(cluster, namespace, manual_clock, monkeypatch) -> Iterator[KopfRunn
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    # Both clients read $KUBECONFIG once, at import; this process imported them already.
+    import kubernetes.config.kube_config
+    import kubernetes_asyncio.config.kube_config
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
+    monkeypatch.setattr(kubernetes_asyncio.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
     saved = vars(sharepolicy_handlers.CONFIG).copy()
     sharepolicy_handlers.configure(resync_seconds=0.5, settle_seconds=0.3, min_interval_seconds=0.1)
-    runner = KopfRunner(["run", "--standalone", "--verbose", "--namespace", namespace, "-m", "chattts_operator.handlers"],
+    runner = KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "chattts_operator.handlers"],
                         timeout=60)
     with runner:
         yield runner
@@ -197,32 +204,48 @@ class Monitor(threading.Thread):
         self.samples = 0
         self.violations: list[str] = []
         self.errors = 0
+        self.last_error: Exception | None = None
+        self.fullest = 0.0  # the largest share of the pool asked at any sample
+        self.api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
 
     def sample(self) -> None:
-        nodes = kjson(self.cluster, "get", "nodes", "-l", f"{POOL_KEY}={self.namespace}")["items"]
-        pool_mib = sum(int(n["status"]["allocatable"].get(GPU_MEMORY, 0)) for n in nodes
+        core, batch, apps = (kubernetes.client.CoreV1Api(self.api), kubernetes.client.BatchV1Api(self.api),
+                             kubernetes.client.AppsV1Api(self.api))
+        nodes = self._read(core.list_node, label_selector=f"{POOL_KEY}={self.namespace}")["items"]
+        # The API server canonicalises quantities: 100000 reads back as "100k".
+        pool_mib = sum(int(parse_quantity(n["status"]["allocatable"].get(GPU_MEMORY, 0))) for n in nodes
                        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])))
-        objs = kjson(self.cluster, "get", "pods,jobs,deployments", "-n", self.namespace)["items"]
-        pods = [o for o in objs if o["kind"] == "Pod" and o["status"].get("phase") not in ("Succeeded", "Failed")]
+        ns = self.namespace
+        pods = [p for p in self._read(core.list_namespaced_pod, ns)["items"]
+                if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        jobs = self._read(batch.list_namespaced_job, ns)["items"]
+        deployments = self._read(apps.list_namespaced_deployment, ns)["items"]
         serving = [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == self.ctd]
-        deployment = next((o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == self.ctd), None)
-        set_to = max(deployment["spec"].get("replicas", 0), deployment["status"].get("replicas", 0)) if deployment else 0
+        deployment = next((d for d in deployments if d["metadata"]["name"] == self.ctd), None)
+        set_to = max(deployment["spec"].get("replicas", 0), deployment.get("status", {}).get("replicas", 0)) if deployment else 0
         asked = max(len(serving), set_to) * REPLICA_MIB
-        for job in (o for o in objs if o["kind"] == "Job"):
+        for job in jobs:
             live = sum(1 for p in pods if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") == job["metadata"]["name"])
             running = not job["spec"].get("suspend")
             asked += (max(live, job["spec"].get("parallelism", 1)) if running else live) * JOB_MIB
         self.samples += 1
+        self.fullest = max(self.fullest, asked / pool_mib if pool_mib else 0.0)
         if asked > pool_mib:
             self.violations.append(f"{datetime.now(timezone.utc).isoformat()}: asked {asked} MiB > pool {pool_mib} MiB")
+
+    @staticmethod
+    def _read(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # The sync client, raw JSON: kubectl is too slow to sample often.
+        return json.loads(call(*args, _preload_content=False, **kwargs).data)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
                 self.sample()
-            except (subprocess.CalledProcessError, KeyError, ValueError, json.JSONDecodeError):
+            except Exception as err:  # noqa: BLE001 - a failed read is retried; too many fail the test
                 self.errors += 1
-            self.stop_event.wait(0.2)
+                self.last_error = err
+            self.stop_event.wait(0.05)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -299,8 +322,11 @@ def expect(cluster, namespace: str, ctd: str, policy_name: str, *, window: str, 
            timeout: float = 120) -> dict[str, Any]:
     def settled() -> dict[str, Any] | None:
         s = state(cluster, namespace, ctd, policy_name)
+        balanced = any(c["type"] == "Balanced" and c["status"] == "True" for c in s["status"].get("conditions", []))
+        used = (s["status"].get("used") or {}).get("totalMiB")
         ok = (s["window"] == window and s["cap"] == str(replicas) and s["deployment_replicas"] == replicas
-              and s["serving_pods"] == replicas and s["jobs_running"] == jobs and s["job_pods"] == jobs)
+              and s["serving_pods"] == replicas and s["jobs_running"] == jobs and s["job_pods"] == jobs
+              and balanced and used == replicas * REPLICA_MIB + len(jobs) * JOB_MIB)
         return s if ok else None
     try:
         return wait_until(settled, f"window {window}: {replicas} serving replicas and jobs {jobs}", timeout=timeout)
@@ -335,6 +361,14 @@ def test_a_day_compressed_into_minutes(cluster, namespace, gpu_pool, operator, m
         assert night["status"]["nextChange"] == "2026-06-01T08:00:00Z"
         assert night["status"]["budget"] == {"onlineMiB": 60_000, "offlineMiB": 40_000}
         seen = len(night["status"].get("lastActions", []))
+        # Settled: passes keep running (every 0.5 s here) and write nothing.
+        before = kjson(cluster, "get", "gpusharepolicy", policy_name)
+        time.sleep(3)
+        after = kjson(cluster, "get", "gpusharepolicy", policy_name)
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], \
+            json.dumps({"before": before["status"], "after": after["status"],
+                        "meta_before": before["metadata"].get("annotations"),
+                        "meta_after": after["metadata"].get("annotations")}, indent=1)
 
         # 08:00, day: online 80% = 8 replicas; offline 20% keeps only the highest-priority job.
         manual_clock.set(datetime(2026, 6, 1, 8, 0, tzinfo=timezone.utc))
@@ -365,8 +399,10 @@ def test_a_day_compressed_into_minutes(cluster, namespace, gpu_pool, operator, m
         monitor.stop()
         cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)
 
-    assert monitor.samples > 20, f"the monitor took only {monitor.samples} samples ({monitor.errors} errors)"
+    assert monitor.samples >= 30, \
+        f"the monitor took only {monitor.samples} samples ({monitor.errors} errors, last: {monitor.last_error!r})"
     assert monitor.violations == [], "\n".join(monitor.violations[:20])
+    assert monitor.fullest == 1.0, f"the monitor never saw the pool full (at most {monitor.fullest:.2f})"
 
     # Online pods may preempt offline ones: the operator made both PriorityClasses.
     online_pc = kjson(cluster, "get", "priorityclass", "chattts-online")

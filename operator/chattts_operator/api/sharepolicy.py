@@ -161,9 +161,9 @@ class ScheduleWindow(_SpecModel):
         min_length=1, max_length=63, pattern=WINDOW_NAME_PATTERN,
         description="Name shown in status and Events, e.g. 'day' or 'night'.",
     )
-    start: str = Field(pattern=TIME_PATTERN, description="Local start time, HH:MM (24-hour clock).")
+    start: str = Field(pattern=TIME_PATTERN, max_length=5, description="Local start time, HH:MM (24-hour clock).")
     end: str = Field(
-        pattern=TIME_PATTERN,
+        pattern=TIME_PATTERN, max_length=5,
         description="Local end time, HH:MM; '24:00' is midnight at the end of the day. "
         "An end not after the start crosses midnight.",
     )
