@@ -236,6 +236,15 @@ def test_update_rolls_out_and_an_update_that_cannot_start_keeps_serving(crds, na
     kubectl = crds.kubectl
     apply(kubectl, namespace, ctd("tts"))
     wait_until(lambda: ready(kubectl, namespace, "tts"), "tts Ready")
+    # With the default 300 s resync, only the Deployment watch can put these back this fast.
+    kubectl("patch", "deploy", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"replicas":5}}')
+    wait_until(lambda: get(kubectl, namespace, "deploy", "tts")["spec"]["replicas"] == 2,
+               "hand-edited replicas reverted by the watch", timeout=20)
+    uid = get(kubectl, namespace, "deploy", "tts")["metadata"]["uid"]
+    kubectl("delete", "deploy", "tts", "-n", namespace, "--wait=false")
+    wait_until(lambda: get(kubectl, namespace, "deploy", "tts")["metadata"]["uid"] != uid,
+               "deleted Deployment recreated by the watch", timeout=20)
+    wait_until(lambda: ready(kubectl, namespace, "tts"), "tts Ready again")
     old_pods = {p["metadata"]["name"] for p in wait_until(lambda: running_pods(kubectl, namespace, "tts", 2), "pods")}
     old_hash = get(kubectl, namespace, "deploy", "tts")["spec"]["template"]["metadata"]["annotations"][
         "chattts.io/config-hash"]
