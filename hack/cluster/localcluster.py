@@ -452,6 +452,8 @@ class LocalCluster(ClusterHandle):
                     "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                     "--enable-admission-plugins=NodeRestriction",
                     f"--feature-gates={FEATURE_GATES}",
+                    # The advertise address is loopback, which Endpoints refuse; nothing runs in-cluster.
+                    "--endpoint-reconciler-type=none",
                     "--profiling=false", "--event-ttl=1h"]
         if component == "kube-controller-manager":
             kc = self._kubeconfig_for("kube-controller-manager")
@@ -582,8 +584,12 @@ class LocalCluster(ClusterHandle):
             self._spawn(component)
         self._wait_healthy(component, timeout)
 
-    def stop_component(self, component: str, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+    def stop_component(self, component: str, sig: int = signal.SIGTERM, timeout: float | None = None) -> None:
         """Signal the component's process group and wait for it to go (SIGKILL after timeout)."""
+        if timeout is None:
+            # kube-apiserver drains open watches for up to --request-timeout (60 s) after
+            # SIGTERM; its state is all in etcd, so a test cluster need not wait that long.
+            timeout = 5 if component == "kube-apiserver" else 15
         pid = self.pid(component)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -613,6 +619,11 @@ class LocalCluster(ClusterHandle):
         self.start_component(component, timeout=timeout)
 
     # -- whole cluster -------------------------------------------------------
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        """Wait until every component answers its health check (after a restart, say)."""
+        for component in COMPONENTS:
+            self._wait_healthy(component, timeout)
 
     def is_running(self) -> bool:
         """All components up and healthy."""

@@ -255,7 +255,7 @@ def test_restarting_etcd_and_apiserver_keeps_the_data(cluster_bin_dir, tmp_path)
         faulty.restart("etcd", sig=9)  # a crash, not a clean stop
         assert faulty.pid("etcd") not in (None, old_etcd)
         faulty.restart("kube-apiserver")
-        assert faulty.is_running()
+        faulty.wait_healthy(timeout=60)
         got = json.loads(faulty.kubectl("get", "configmap", "survivor", "-o", "json").stdout)
         assert got["data"] == {"k": "v"}
     finally:
