@@ -25,6 +25,7 @@ from chattts_operator.builders import (
     config_hash,
     selector_string,
 )
+from chattts_operator.autoscaling.tuning import effective_spec
 from chattts_operator.gpu import GpuAssignment, GpuAssignmentError, assign_gpu
 from chattts_operator.planner import MemoryPlanResult, plan_memory
 from chattts_operator.settings import OperatorSettings
@@ -117,6 +118,7 @@ def desired_state(
 ) -> Desired:
     meta = body["metadata"]
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    spec = effective_spec(body, spec)  # the autoscaler's tuned maxNumBatchedTokens, when opted in
     replicas, replica_note = effective_replicas(body, spec)
     configmap = build_configmap(owner, spec)
     chash = config_hash(configmap)
