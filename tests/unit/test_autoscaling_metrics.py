@@ -22,7 +22,7 @@ from chattts_operator.autoscaling.metrics import (
     parse_prometheus_response,
     scrape_pods,
 )
-from chattts_operator.autoscaling.status import history_from_status, next_status, worth_writing
+from chattts_operator.autoscaling.status import history_from_status, next_status, status_patch, worth_writing
 from chattts_operator.handlers.autoscaling import pod_metrics_urls, replica_cap
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -268,3 +268,15 @@ def test_status_keeps_only_the_last_decisions():
         status, history, current = next_status(status, d, current, now), d.history, d.desired_replicas
     assert len(status.decisions) == 10
     assert status.decisions[-1].desired_replicas == current == 16
+
+
+def test_status_patch_nulls_what_became_empty():
+    from chattts_operator.api.autoscaling import AutoscalingStatus, BatchTokenTuningStatus
+
+    status = AutoscalingStatus(desired_replicas=2, batch_token_tuning=BatchTokenTuningStatus(
+        max_num_batched_tokens=None, last_change_time="2026-11-30T00:00:00Z"))
+    patch = status_patch(status)
+    assert patch["desiredReplicas"] == 2 and patch["currentMetric"] is None and patch["lastScaleTime"] is None
+    assert patch["batchTokenTuning"] == {"lastChangeTime": "2026-11-30T00:00:00Z", "maxNumBatchedTokens": None,
+                                         "aboveTargetSince": None, "quietSince": None}
+    assert patch["decisions"] == [] and patch["conditions"] == []

@@ -102,6 +102,23 @@ def worth_writing(previous: AutoscalingStatus | None, new: AutoscalingStatus) ->
             s.last_scale_time,
             [d.model_dump() for d in s.decisions],
             [(c.type, c.status, c.reason) for c in s.conditions],
+            s.batch_token_tuning.model_dump() if s.batch_token_tuning else None,
         )
 
     return essence(previous) != essence(new)
+
+
+def status_patch(status: AutoscalingStatus) -> dict:
+    """``status.autoscaling`` as a JSON merge patch: fields that became empty are sent as
+    null so the API server removes them (an absent key would keep its old value); list
+    items carry no nulls (lists are replaced whole)."""
+    patch = status.model_dump(by_alias=True, exclude_none=True)
+    for name, info in AutoscalingStatus.model_fields.items():
+        if getattr(status, name) is None:
+            patch[info.alias or name] = None
+    if status.batch_token_tuning is not None:
+        tuning = patch["batchTokenTuning"]
+        for name, info in type(status.batch_token_tuning).model_fields.items():
+            if getattr(status.batch_token_tuning, name) is None:
+                tuning[info.alias or name] = None
+    return patch

@@ -45,9 +45,12 @@ from chattts_operator.autoscaling.metrics import (
     query_prometheus,
     scrape_pods,
 )
-from chattts_operator.autoscaling.status import history_from_status, next_status, worth_writing
+from chattts_operator.autoscaling.status import history_from_status, next_status, status_patch, worth_writing
+from chattts_operator.autoscaling.tuning import TuningDecision, tune_batch_tokens
 from chattts_operator.builders import deployment_name, selector_labels
+from chattts_operator.gpu import GpuAssignmentError, assign_gpu
 from chattts_operator.kube import Kube, make_api_client, object_path
+from chattts_operator.settings import OperatorSettings
 
 FIELD_MANAGER = "chattts-autoscaler"
 METRICS_URL_ANNOTATION = "tts.chattts.io/metrics-url"
@@ -117,13 +120,17 @@ class Autoscaler:
     """Holds the autoscaled objects seen by the watch and evaluates them every interval."""
 
     def __init__(self, kube: Kube, interval: float, allow_url_annotation: bool = False,
-                 concurrency: int = 16) -> None:
+                 concurrency: int = 16, controller: Any = None) -> None:
         self.kube = kube
+        # The core's Controller (handlers/chattts.py), to roll out a tuned engine setting at
+        # once rather than at its next resync; None when it is not running.
+        self.controller = controller
         self.interval = interval
         self.allow_url_annotation = allow_url_annotation
         self.bodies: dict[tuple[str, str], dict] = {}
         self.states: dict[str, _ObjectState] = {}
         self.last_pass: float | None = None
+        self.settings = OperatorSettings.from_env()
         self._limit = asyncio.Semaphore(concurrency)
         self._http = None
 
@@ -246,15 +253,60 @@ class Autoscaler:
                 state.history = History(decision.history.recommendations, history.scale_events)
 
         new_status = next_status(previous, decision, current, now, scale_error=scale_error)
+        tuning = self._tune(body, auto, previous, decision, now)
+        if tuning is not None:
+            new_status.batch_token_tuning = tuning.state
         if new_status.decisions and (previous is None or new_status.decisions[-1] not in previous.decisions):
             record = new_status.decisions[-1]
             log.info("%s/%s: %s %d -> %d: %s", namespace, name, record.reason, record.current_replicas,
                      record.desired_replicas, record.message)
         if worth_writing(previous, new_status):
-            dumped = new_status.model_dump(by_alias=True, exclude_none=True)
-            await self.kube.patch_status(KIND, namespace, name, {"autoscaling": dumped})
-            body.setdefault("status", {})["autoscaling"] = dumped
+            patch = status_patch(new_status)
+            updated = await self.kube.patch_status(KIND, namespace, name, {"autoscaling": patch})
+            body.setdefault("status", {})["autoscaling"] = new_status.model_dump(by_alias=True, exclude_none=True)
+            if tuning is not None and tuning.changed:
+                log.info("%s/%s: batch-token tuning %s: %s", namespace, name, tuning.reason, tuning.message)
+                await self._post_event(body, current, decision, reason=f"BatchTokens{tuning.reason}",
+                                       message=tuning.message)
+                if self.controller is not None and isinstance(updated, dict) and updated.get("metadata"):
+                    # Hand the controller the object with the new tuned value, then roll it out.
+                    self.controller.observe(copy.deepcopy(updated))
+                    await self.controller.reconcile_key((namespace, name), "batch-token-tuning")
         return decision
+
+    def _tune(self, body: dict, auto: AutoscalingSpec, previous: AutoscalingStatus | None,
+              decision: Decision, now: float) -> TuningDecision | None:
+        """Batch-token tuning for this evaluation; None when it is off and never ran."""
+        state = previous.batch_token_tuning if previous is not None else None
+        if not auto.batch_token_tuning.enabled and (state is None or state.max_num_batched_tokens is None):
+            return None
+        from chattts_operator.planner import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory  # noqa: PLC0415
+        from chattts_operator.reconcile import InvalidSpec, parse_spec  # noqa: PLC0415
+
+        try:
+            spec = parse_spec(body)
+            gpu = assign_gpu(spec.gpu, self.settings)
+        except (InvalidSpec, GpuAssignmentError, ValueError) as err:
+            log.info("batch-token tuning skipped: %s", err)
+            return None
+
+        def fits(tokens: int) -> bool:
+            plan = plan_memory(shape=spec.model.shape, weight_format=spec.model.format,
+                               engine=spec.engine.model_copy(update={"max_num_batched_tokens": tokens}),
+                               gpu_memory_mib=gpu.memory_per_gpu_mib, tensor_parallel=spec.gpu.count)
+            # Room means: still fits, and the KV cache still holds maxNumSeqs sequences.
+            return plan.fits and plan.max_concurrent_sequences >= spec.engine.max_num_seqs
+
+        cap = replica_cap(body)
+        upper = auto.max_replicas if cap is None else min(auto.max_replicas, cap)
+        return tune_batch_tokens(
+            auto.batch_token_tuning, state,
+            base_value=spec.engine.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            wait=decision.metric_value if decision.metric_ok else None,
+            target=auto.target_seconds,
+            at_max_replicas=decision.desired_replicas >= upper,
+            fits=fits, now=now,
+        )
 
     async def _scale(self, namespace: str, name: str, replicas: int) -> str | None:
         try:
@@ -271,18 +323,22 @@ class Autoscaler:
             return message
         return None
 
-    async def _post_event(self, body: dict, current: int, decision: Decision) -> None:
+    async def _post_event(self, body: dict, current: int, decision: Decision, *,
+                          reason: str | None = None, message: str | None = None) -> None:
         meta = body["metadata"]
         stamp = format_time(time.time())
         metric = format_duration(decision.metric_value) if decision.metric_value is not None else "n/a"
+        if reason is None:
+            reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
+            message = f"{current} -> {decision.desired_replicas} replicas (wait {metric}): {decision.message}"
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}-autoscaler-", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta.get("uid")},
-            "reason": "ScaledUp" if decision.desired_replicas > current else "ScaledDown",
-            "message": f"{current} -> {decision.desired_replicas} replicas (wait {metric}): {decision.message}"[:1024],
+            "reason": reason,
+            "message": (message or "")[:1024],
             "type": "Normal",
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
@@ -299,7 +355,8 @@ class Autoscaler:
 @kopf.on.startup()
 async def start_autoscaler(memo: kopf.Memo, **_: Any) -> None:
     allow = os.environ.get("CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION", "") in ("1", "true", "yes")
-    autoscaler = Autoscaler(Kube(await make_api_client()), _env_interval(), allow_url_annotation=allow)
+    autoscaler = Autoscaler(Kube(await make_api_client()), _env_interval(), allow_url_annotation=allow,
+                            controller=getattr(memo, "controller", None))
     memo.autoscaler = autoscaler
     memo.autoscaler_task = asyncio.create_task(autoscaler.run_forever(), name="chattts-autoscaler")
     if allow:
