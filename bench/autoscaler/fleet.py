@@ -163,7 +163,10 @@ def simulate(
         now = min(next_arrival, next_event, next_sync)
         if now > duration:
             break
-        if now == next_sync:
+        if now == next_event:  # completions and readiness first: a sync at the same instant sees them
+            time, kind, rid = heapq.heappop(events)
+            handle(time, kind, rid)
+        elif now == next_sync:
             current = sum(1 for r in replicas if not r.removed)
             replica_seconds += current * (now - last_time)
             last_time = now
@@ -172,9 +175,6 @@ def simulate(
             desired = autoscaler.evaluate(now, current, s)
             scale(now, desired)
             next_sync += model.sync_seconds
-        elif now == next_event:
-            time, kind, rid = heapq.heappop(events)
-            handle(time, kind, rid)
         else:
             if routable:
                 rid = routable[int(route_draw[req] * len(routable))]
