@@ -260,7 +260,7 @@ def listening_ports(candidates: set[int]) -> set[int]:
     return found
 
 
-def _proc_state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
     """The state letter of a process, or None if it does not exist."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -269,7 +269,7 @@ def _proc_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-def _proc_cmdline(pid: int) -> list[str]:
+def process_cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -286,8 +286,8 @@ def processes_mentioning(text: str) -> list[int]:
         pid = int(entry.name)
         if pid == os.getpid():
             continue
-        cmdline = _proc_cmdline(pid)
-        if cmdline and any(text in arg for arg in cmdline) and _proc_state(pid) not in (None, "Z"):
+        cmdline = process_cmdline(pid)
+        if cmdline and any(text in arg for arg in cmdline) and process_state(pid) not in (None, "Z"):
             pids.append(pid)
     return pids
 
@@ -328,7 +328,7 @@ class ClusterHandle:
         self.kubeconfig = Path(kubeconfig)
         self.bin_dir = bin_dir
         # helm keeps its config/cache/data here rather than in the user's home.
-        self.tool_home = tool_home or self.kubeconfig.parent / "tools"
+        self.tool_home = tool_home or default_home() / "_tools"
 
     def env(self) -> dict[str, str]:
         """os.environ with KUBECONFIG and helm's homes pointed at this cluster."""
@@ -500,11 +500,11 @@ class LocalCluster(ClusterHandle):
             pid = int(self._pid_file(component).read_text())
         except (FileNotFoundError, ValueError):
             return None
-        cmdline = _proc_cmdline(pid)
+        cmdline = process_cmdline(pid)
         if not cmdline and child is not None and child.pid == pid and child.returncode is None:
             # Our own child in the middle of exec: the new command line is not set up yet.
             return pid
-        if _proc_state(pid) in (None, "Z") or not cmdline or Path(cmdline[0]).name != component \
+        if process_state(pid) in (None, "Z") or not cmdline or Path(cmdline[0]).name != component \
                 or not any(str(self.dir) in arg for arg in cmdline):
             return None
         return pid
@@ -530,7 +530,7 @@ class LocalCluster(ClusterHandle):
             return f"exit status {child.returncode}"
         with contextlib.suppress(FileNotFoundError, ValueError):
             pid = int(self._pid_file(component).read_text())
-            return f"pid {pid}, state {_proc_state(pid)}, command {' '.join(_proc_cmdline(pid))[:200]!r}"
+            return f"pid {pid}, state {process_state(pid)}, command {' '.join(process_cmdline(pid))[:200]!r}"
         return "no pid file"
 
     def _log_tail(self, component: str, lines: int = 30) -> str:
@@ -608,7 +608,7 @@ class LocalCluster(ClusterHandle):
             child = self._children.get(component)
             if child is not None and child.pid == pid:
                 child.poll()
-            if _proc_state(pid) in (None, "Z"):
+            if process_state(pid) in (None, "Z"):
                 return True
             time.sleep(0.1)
         return False
@@ -689,12 +689,12 @@ class LocalCluster(ClusterHandle):
             self.stop_component(component)
         # Anything else still running from this cluster's folder (a pid file lost, say).
         for pid in processes_mentioning(str(self.dir) + "/"):
-            cmdline = _proc_cmdline(pid)
+            cmdline = process_cmdline(pid)
             if cmdline and Path(cmdline[0]).name in COMPONENTS:
                 stopped.append(Path(cmdline[0]).name)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                self._wait_for(lambda: _proc_state(pid) in (None, "Z"), f"stray pid {pid} to exit", 10)
+                self._wait_for(lambda: process_state(pid) in (None, "Z"), f"stray pid {pid} to exit", 10)
         # Only ports this cluster held; after a long stop another program may own them.
         if stopped and self.state_file.exists():
             ports = self.ports.all()

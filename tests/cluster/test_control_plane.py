@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +20,7 @@ import gpunodes
 import localcluster
 
 TESTDATA = Path(__file__).parent / "testdata"
+CLI = Path(localcluster.__file__)
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 90, interval: float = 0.5) -> Any:
@@ -221,10 +224,24 @@ def test_helm_install_and_uninstall_a_chart(cluster, namespace, kubectl):
 
 
 def test_start_and_stop_twice_leaves_no_processes_or_ports(cluster_bin_dir, tmp_path):
-    lifecycle = localcluster.LocalCluster(f"lifecycle-{os.getpid()}", home=tmp_path, bin_dir=cluster_bin_dir)
+    """Once through the Python API, once through the CLI (whose processes outlive it)."""
+    name = f"lifecycle-{os.getpid()}"
+    lifecycle = localcluster.LocalCluster(name, home=tmp_path, bin_dir=cluster_bin_dir)
+    cli_env = {**os.environ, "CHATTTS_CLUSTER_HOME": str(tmp_path), "CHATTTS_CLUSTER_BIN_DIR": str(cluster_bin_dir)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(CLI), *args, "--name", name], env=cli_env,
+                              capture_output=True, text=True, timeout=400)
+
     try:
-        for _ in range(2):
-            lifecycle.start()
+        for round_ in ("api", "cli"):
+            if round_ == "api":
+                lifecycle.start()
+            else:
+                up = cli("up")
+                assert up.returncode == 0, up.stderr
+                assert up.stdout.strip() == f"export KUBECONFIG={lifecycle.kubeconfig}"
+                assert cli("status").returncode == 0
             assert lifecycle.is_running()
             pids = {c: lifecycle.pid(c) for c in localcluster.COMPONENTS}
             ports = lifecycle.ports.all()
@@ -235,9 +252,13 @@ def test_start_and_stop_twice_leaves_no_processes_or_ports(cluster_bin_dir, tmp_
             lifecycle.start()
             assert {c: lifecycle.pid(c) for c in localcluster.COMPONENTS} == pids
 
-            lifecycle.stop()
+            if round_ == "api":
+                lifecycle.stop()
+            else:
+                assert cli("down").returncode == 0
+                assert cli("status").returncode == 1
             assert localcluster.processes_mentioning(str(lifecycle.dir) + "/") == []
-            assert all(localcluster._proc_state(pid) in (None, "Z") for pid in pids.values())
+            assert all(localcluster.process_state(pid) in (None, "Z") for pid in pids.values())
             assert localcluster.listening_ports(ports) == set()
             lifecycle.stop()  # stopping a stopped cluster is a no-op
     finally:
