@@ -494,3 +494,53 @@ def test_quantization_job_runs_and_serving_switches_to_read_only_awq(cluster, na
         assert {"QuantizationStarted", "Quantized"} <= reasons
     finally:
         cluster.kubectl("delete", "pv", "-l", f"chattts.io/test={namespace}", "--wait=false", check=False)
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+BAD_POLICIES = [
+    ("shares-over-100", {"windows": [{"name": "day", "start": "08:00", "end": "20:00", "online": 80, "offline": 30}]},
+     "online + offline may not exceed 100"),
+    ("start-equals-end", {"windows": [{"name": "day", "start": "08:00", "end": "08:00", "online": 80, "offline": 20}]},
+     "a window's start and end must differ"),
+    ("duplicate-names", {"windows": [{"name": "day", "start": "08:00", "end": "12:00", "online": 80, "offline": 20},
+                                     {"name": "day", "start": "13:00", "end": "14:00", "online": 80, "offline": 20}]},
+     "window names must be unique"),
+    ("bad-time", {"windows": [{"name": "day", "start": "8am", "end": "20:00", "online": 80, "offline": 20}]},
+     "spec.windows[0].start"),
+    ("bad-weekday", {"windows": [{"name": "day", "start": "08:00", "end": "20:00", "days": ["Monday"],
+                                  "online": 80, "offline": 20}]}, "Unsupported value: \"Monday\""),
+    ("default-over-100", {"defaultShares": {"online": 90, "offline": 20}}, "online + offline may not exceed 100"),
+    ("in-without-values", {"nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "In"}]}},
+     "selector operators In and NotIn need values"),
+    ("unknown-overlap", {"overlap": "Random"}, "Unsupported value: \"Random\""),
+]
+
+
+@pytest.mark.parametrize("case, spec, message", BAD_POLICIES, ids=[b[0] for b in BAD_POLICIES])
+def test_bad_policies_are_rejected_at_apply_time(cluster, case, spec, message):
+    install_crds(cluster)
+    body = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": f"bad-{case}"},
+            "spec": {"nodeSelector": {}, **spec}}
+    result = cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert result.returncode != 0, f"{case} was accepted"
+    assert message in result.stderr, result.stderr
+
+
+def test_an_unknown_timezone_is_reported_in_status(cluster, namespace, operator):
+    # The CRD can check the shape of a zone name, not whether the zone exists: the operator says so.
+    name = f"tz-{namespace}"[:63]
+    body = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {POOL_KEY: namespace}}, "timezone": "Mars/Olympus_Mons"}}
+    try:
+        apply(cluster, None, body)
+
+        def reported() -> dict[str, Any] | None:
+            obj = kjson(cluster, "get", "gpusharepolicy", name)
+            cond = next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Valid"), None)
+            return cond if cond and cond["status"] == "False" else None
+
+        cond = wait_until(reported, "the Valid=False condition", timeout=60)
+        assert cond["reason"] == "InvalidSpec" and "unknown timezone 'Mars/Olympus_Mons'" in cond["message"]
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)

@@ -213,11 +213,11 @@ class LabelSelectorRequirement(_SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!(self.operator in ['In', 'NotIn']) || size(self.values) > 0",
+                    "rule": "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
                     "message": "selector operators In and NotIn need values",
                 },
                 {
-                    "rule": "!(self.operator in ['Exists', 'DoesNotExist']) || size(self.values) == 0",
+                    "rule": "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
                     "message": "selector operators Exists and DoesNotExist take no values",
                 },
             ]
@@ -254,7 +254,7 @@ class GPUSharePolicySpec(_SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.windows.all(w, self.windows.exists_one(v, v.name == w.name))",
+                    "rule": "!has(self.windows) || self.windows.all(w, self.windows.exists_one(v, v.name == w.name))",
                     "message": "window names must be unique",
                 },
             ]
