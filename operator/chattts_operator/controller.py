@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from chattts_operator import metrics
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
 from chattts_operator.api.quantization import QuantizationPlan, job_selector, plan_quantization
+from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
 from chattts_operator.gpu import GpuAssignmentError, assign_gpu, node_affinity
 from chattts_operator.kube import Kube, NodeGpuCache
 from chattts_operator.reconcile import (
@@ -183,6 +184,9 @@ class Controller:
             await self._write_invalid_status(body, previous_status, str(err))
             return "invalid"
 
+        if spec.priority_class_name is None and SHARE_POLICY_LABEL in (meta.get("labels") or {}):
+            # A GPUSharePolicy member serves in the online class: its pods may preempt offline work.
+            spec = spec.model_copy(update={"priority_class_name": ONLINE_PRIORITY_CLASS})
         # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
         quantization = await self._reconcile_quantization(body, spec, previous_status)
         if quantization is not None and quantization.model_override is not None:

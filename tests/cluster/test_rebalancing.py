@@ -544,3 +544,38 @@ def test_an_unknown_timezone_is_reported_in_status(cluster, namespace, operator)
         assert cond["reason"] == "InvalidSpec" and "unknown timezone 'Mars/Olympus_Mons'" in cond["message"]
     finally:
         cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+# --- preemption ---------------------------------------------------------------------------------
+
+
+def test_online_pods_preempt_offline_pods_that_hold_the_gpus(cluster, namespace, gpu_pool, operator):
+    """Offline work outside the policy's control fills the pool; the policy's online member
+    still gets its replicas, because its pods run in the online PriorityClass."""
+    policy_name = f"pre-{namespace}"[:63]
+    filler = offline_job("filler", policy_name, gpu_pool, 0)
+    filler["metadata"]["labels"] = {}  # not a member: nothing suspends it
+    filler["spec"].update(suspend=False, parallelism=5, completions=5)
+    try:
+        apply(cluster, namespace, filler)
+        wait_until(lambda: sum(1 for p in kjson(cluster, "get", "pods", "-n", namespace, "-l", "job-name=filler")["items"]
+                               if p["status"].get("phase") == "Running") == 5,
+                   "5 offline pods filling the pool's 100,000 MiB")
+        apply(cluster, None, policy(policy_name, gpu_pool))
+        apply(cluster, namespace, serving("tts", policy_name, gpu_pool, replicas=2))
+
+        def served() -> bool:
+            pods = kjson(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=tts")["items"]
+            return sum(1 for p in pods if p["status"].get("phase") == "Running"
+                       and not p["metadata"].get("deletionTimestamp")) == 2
+
+        wait_until(served, "2 online replicas running after preempting offline pods", timeout=120)
+        dep = kjson(cluster, "get", "deployment", "tts", "-n", namespace)
+        assert dep["spec"]["template"]["spec"]["priorityClassName"] == "chattts-online"
+        running = [p for p in kjson(cluster, "get", "pods", "-n", namespace, "-l", "job-name=filler")["items"]
+                   if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        assert len(running) <= 4
+        reasons = {e["reason"] for e in kjson(cluster, "get", "events", "-n", namespace)["items"]}
+        assert "Preempted" in reasons or "Preempting" in reasons, sorted(reasons)
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)
