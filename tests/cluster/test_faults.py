@@ -157,9 +157,10 @@ def test_kill9_mid_reconcile_of_200_converges_without_duplicates_or_gaps(crds, n
         assert template["chattts.io/config-hash"] == expected_config_hash(by_name[name])
     pods = [p for p in kube_list(kubectl, namespace, "pods") if not p["metadata"].get("deletionTimestamp")]
     assert len(pods) == 20
-    # The second run wrote exactly the children the first one had not: nothing twice.
+    # The second run wrote at most the children that were missing after the kill (fewer when an
+    # apply the killed process had sent still landed): nothing the first run made was rewritten.
     missing = sum(count - len(seen[kind]) for kind in CHILD_KINDS)
-    assert second.metric_sum("chattts_operator_child_writes_total") == missing
+    assert second.metric_sum("chattts_operator_child_writes_total") <= missing
     assert second.running() and second.starts == 1
 
 
@@ -264,7 +265,9 @@ def test_a_concurrent_status_writer_gets_409s_and_the_operator_loses_no_update(c
                 kubectl("patch", "ctd", name, "-n", namespace, "--type=merge",
                         "-p", json.dumps({"spec": {"engine": {"maxNumSeqs": value}}}))
             time.sleep(2)
-        wait_until(lambda: conflicts[0] >= 2, "the competing writer to hit 409 conflicts", timeout=60)
+        # Once the edits stop, its writes land too (and the operator's resync puts them right).
+        wait_until(lambda: conflicts[0] >= 2 and clobbers[0] >= 2,
+                   "the competing writer to hit 409 conflicts and to land writes", timeout=90)
     finally:
         stop.set()
         writer.join(timeout=30)
@@ -279,7 +282,6 @@ def test_a_concurrent_status_writer_gets_409s_and_the_operator_loses_no_update(c
         dep = json.loads(kubectl("get", "deployment", obj["metadata"]["name"], "-n", namespace, "-o", "json").stdout)
         assert dep["spec"]["template"]["metadata"]["annotations"]["chattts.io/config-hash"] == \
             expected_config_hash(obj)
-    assert clobbers[0] >= 1
     # No crash loop: the same process throughout, and no reconcile failed.
     assert op.running() and op.starts == 1
     assert op.metric_sum("chattts_operator_reconcile_errors_total") == 0
