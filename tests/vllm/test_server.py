@@ -86,7 +86,7 @@ def servers(tmp_path_factory, endless_checkpoint):
     tmp = tmp_path_factory.mktemp("servers")
     started: list[Server] = []
     try:
-        started.append(_start(tmp, endless_checkpoint, "vllm", timeout=400))
+        started.append(_start(tmp, endless_checkpoint, "vllm", timeout=900))  # minutes on a loaded 2-core machine
         started.append(_start(tmp, endless_checkpoint, "reference", timeout=120))
         yield {"vllm": started[0], "reference": started[1]}
     finally:

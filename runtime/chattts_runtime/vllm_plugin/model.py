@@ -176,27 +176,24 @@ class ChatTTSForAudioCodes(nn.Module):
         codes = logits.argmax(dim=-1)
         tracks = self._step_tracks if self._step_tracks is not None and len(self._step_tracks) == n else None
         self._step_tracks = None
-        stop = torch.zeros(n, dtype=torch.bool, device=logits.device)
         if tracks is not None:
             active = [i for i, t in enumerate(tracks) if t is not None and t.sampling]
             if active:
                 chosen = sample_codes(logits[active], [tracks[i] for i in active], self.eos)
                 codes[active] = chosen.to(codes.device)
+        host = codes.cpu().numpy()  # one device sync per step
+        stop_rows = (host == self.eos).any(axis=1)
+        if tracks is not None:
             for i, track in enumerate(tracks):
                 if track is None:
                     continue
                 if track.broken is not None:
-                    stop[i] = True
-                    continue
-                if not track.sampling:
-                    continue
-                track.sampling = False
-                frame = codes[i]
-                if bool((frame == self.eos).any()):
-                    stop[i] = True
-                else:
-                    track.frames.append(frame.cpu().numpy().astype(np.int64))
-        stop |= (codes == self.eos).any(dim=-1)
+                    stop_rows[i] = True  # end the request rather than feed it wrong codes
+                elif track.sampling:
+                    track.sampling = False
+                    if not stop_rows[i]:
+                        track.frames.append(host[i].astype(np.int64))
+        stop = torch.from_numpy(stop_rows).to(logits.device)
         out = torch.full((n, lay.vocab_size), float("-inf"), dtype=torch.float32, device=logits.device)
         offsets = lay.text_tokens + lay.audio_tokens * torch.arange(self.num_vq, device=logits.device)
         ids = codes + offsets
