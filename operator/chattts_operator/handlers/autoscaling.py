@@ -108,11 +108,27 @@ def replica_cap(body: dict) -> int | None:
         return None
 
 
+def is_newer(a: dict, b: dict | None) -> bool:
+    """Whether object ``a`` is a later version than ``b``: resourceVersions are opaque, but
+    etcd's are increasing integers; when they do not parse, a different one counts as newer."""
+    if b is None:
+        return True
+    ra, rb = a.get("metadata", {}).get("resourceVersion"), b.get("metadata", {}).get("resourceVersion")
+    if ra == rb:
+        return False
+    if isinstance(ra, str) and isinstance(rb, str) and ra.isdigit() and rb.isdigit():
+        return int(ra) > int(rb)
+    return True
+
+
 @dataclass
 class _ObjectState:
     scrapes: dict[str, list[PodScrape]] = field(default_factory=dict)
     samples: list[FleetSample] = field(default_factory=list)
     history: History | None = None
+    # What this process last wrote: a watch event may trail our own writes (the scale write's
+    # event carries the status from before our status write), so it must not undo them.
+    last_status: AutoscalingStatus | None = None
     last_errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -140,7 +156,7 @@ class Autoscaler:
         if deleted or not autoscaling_enabled(body) or meta.get("deletionTimestamp"):
             self.bodies.pop(key, None)
             self.states.pop(meta.get("uid", ""), None)
-        else:
+        elif is_newer(body, self.bodies.get(key)):
             self.bodies[key] = body
 
     async def close(self) -> None:
@@ -237,7 +253,9 @@ class Autoscaler:
             state.samples.append(sample)
 
         raw_status = (body.get("status") or {}).get("autoscaling")
-        previous = AutoscalingStatus.model_validate(raw_status) if raw_status else None
+        previous = state.last_status
+        if previous is None and raw_status:
+            previous = AutoscalingStatus.model_validate(raw_status)
         history = state.history if state.history is not None else history_from_status(previous)
         decision = decide(auto, current, state.samples, history, now, replica_cap(body))
         state.history = decision.history
@@ -246,8 +264,6 @@ class Autoscaler:
         if decision.desired_replicas != current:
             scale_error = await self._scale(namespace, name, decision.desired_replicas)
             if scale_error is None:
-                # The watch will bring the new object; until then do not decide from the old count.
-                body.setdefault("spec", {})["replicas"] = decision.desired_replicas
                 await self._post_event(body, current, decision)
             else:
                 state.history = History(decision.history.recommendations, history.scale_events)
@@ -260,18 +276,24 @@ class Autoscaler:
             record = new_status.decisions[-1]
             log.info("%s/%s: %s %d -> %d: %s", namespace, name, record.reason, record.current_replicas,
                      record.desired_replicas, record.message)
+        updated = None
         if worth_writing(previous, new_status):
-            patch = status_patch(new_status)
-            updated = await self.kube.patch_status(KIND, namespace, name, {"autoscaling": patch})
-            body.setdefault("status", {})["autoscaling"] = new_status.model_dump(by_alias=True, exclude_none=True)
-            if tuning is not None and tuning.changed:
-                log.info("%s/%s: batch-token tuning %s: %s", namespace, name, tuning.reason, tuning.message)
-                await self._post_event(body, current, decision, reason=f"BatchTokens{tuning.reason}",
-                                       message=tuning.message)
-                if self.controller is not None and isinstance(updated, dict) and updated.get("metadata"):
-                    # Hand the controller the object with the new tuned value, then roll it out.
-                    self.controller.observe(copy.deepcopy(updated))
-                    await self.controller.reconcile_key((namespace, name), "batch-token-tuning")
+            updated = await self.kube.patch_status(KIND, namespace, name, {"autoscaling": status_patch(new_status)})
+        state.last_status = new_status  # only once written: a failed write is retried next pass
+        if isinstance(updated, dict) and updated.get("metadata"):
+            self.observe(updated, deleted=False)  # the newest object: spec.replicas and status as written
+        elif decision.desired_replicas != current and scale_error is None:
+            # Until the watch brings the scaled object, do not decide from the old count.
+            self.bodies.get((namespace, name), body).setdefault("spec", {})["replicas"] = decision.desired_replicas
+        if tuning is not None and tuning.changed:
+            log.info("%s/%s: batch-token tuning %s: %s", namespace, name, tuning.reason, tuning.message)
+            await self._post_event(body, current, decision, reason=f"BatchTokens{tuning.reason}",
+                                   message=tuning.message)
+            if self.controller is not None and isinstance(updated, dict) and updated.get("metadata"):
+                # Hand the controller the object with the new tuned value, then roll it out now
+                # rather than at its next resync.
+                self.controller.observe(copy.deepcopy(updated))
+                await self.controller.reconcile_key((namespace, name), "batch-token-tuning")
         return decision
 
     def _tune(self, body: dict, auto: AutoscalingSpec, previous: AutoscalingStatus | None,
