@@ -280,3 +280,28 @@ def test_status_patch_nulls_what_became_empty():
     assert patch["batchTokenTuning"] == {"lastChangeTime": "2026-11-30T00:00:00Z", "maxNumBatchedTokens": None,
                                          "aboveTargetSince": None, "quietSince": None}
     assert patch["decisions"] == [] and patch["conditions"] == []
+
+
+def _ctd(rv: str, enabled=True, replicas=1, deleting=False):
+    meta = {"name": "v", "namespace": "ns", "uid": "u1", "resourceVersion": rv}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    return {"metadata": meta, "spec": {"replicas": replicas, "autoscaling": {"enabled": enabled, "maxReplicas": 3}}}
+
+
+def test_observe_keeps_the_newest_object_and_forgets_disabled_ones():
+    from chattts_operator.handlers.autoscaling import Autoscaler, is_newer
+
+    scaler = Autoscaler.__new__(Autoscaler)  # no client needed for the bookkeeping
+    scaler.bodies, scaler.states = {}, {}
+    scaler.observe(_ctd("10", replicas=3), deleted=False)
+    scaler.observe(_ctd("9", replicas=1), deleted=False)  # a trailing watch event: ignored
+    assert scaler.bodies[("ns", "v")]["spec"]["replicas"] == 3
+    scaler.observe(_ctd("11", replicas=2), deleted=False)
+    assert scaler.bodies[("ns", "v")]["spec"]["replicas"] == 2
+    scaler.observe(_ctd("12", enabled=False), deleted=False)
+    assert scaler.bodies == {}
+    scaler.observe(_ctd("13"), deleted=False)
+    scaler.observe(_ctd("14", deleting=True), deleted=False)
+    assert scaler.bodies == {}
+    assert is_newer(_ctd("abc"), _ctd("abd")) and not is_newer(_ctd("5"), _ctd("5"))
