@@ -30,6 +30,7 @@ import ipaddress
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -368,8 +369,8 @@ class LocalCluster(ClusterHandle):
 
     def __init__(self, name: str = "dev", home: Path | str | None = None, bin_dir: Path | str | None = None,
                  nodes_file: Path | str | None = None):
-        if not name or "/" in name or name.startswith("."):
-            raise ClusterError(f"invalid cluster name {name!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name or ""):
+            raise ClusterError(f"invalid cluster name {name!r}: letters, digits, '.', '_' and '-' only")
         self.name = name
         self.dir = Path(home or default_home()).expanduser().resolve() / name
         super().__init__(self.dir / "kubeconfig", Path(bin_dir).expanduser() if bin_dir else default_bin_dir(),
@@ -678,6 +679,8 @@ class LocalCluster(ClusterHandle):
 
     def stop(self, purge: bool = False) -> None:
         """Stop every component (and any stray process of this cluster); ``purge`` deletes the folder."""
+        if not self.dir.exists():
+            return
         with self._locked():
             self._stop_all()
         if purge:
@@ -795,8 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bin-dir", help="binary folder (default $CHATTTS_CLUSTER_BIN_DIR or build.sh's cache)")
     parser.add_argument("--purge", action="store_true", help="down: also delete the cluster's folder")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(args.name, bin_dir=args.bin_dir, nodes_file=args.nodes)
     try:
+        cluster = LocalCluster(args.name, bin_dir=args.bin_dir, nodes_file=args.nodes)
         if args.command == "up":
             started = time.monotonic()
             cluster.start()
