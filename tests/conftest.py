@@ -128,21 +128,38 @@ def _namespace_name(test_name: str) -> str:
     return f"t-{stem}-{secrets.token_hex(3)}"
 
 
+def _default_service_account_exists(cluster: localcluster.ClusterHandle, namespace: str) -> bool:
+    if isinstance(cluster, localcluster.LocalCluster):
+        return cluster.api("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200
+    return cluster.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
+
+
 @pytest.fixture
 def namespace(cluster: localcluster.ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
     name = _namespace_name(request.node.name)
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "chattts.io/test=true")
+    if isinstance(cluster, localcluster.LocalCluster):  # in process: no kubectl start-up per call
+        status, body = cluster.api("POST", "/api/v1/namespaces", {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"chattts.io/test": "true"}}})
+        if status != 201:
+            raise RuntimeError(f"creating namespace {name} failed ({status}): {body}")
+    else:
+        cluster.kubectl("create", "namespace", name)
+        cluster.kubectl("label", "namespace", name, "chattts.io/test=true")
     # Pods are refused until the controller-manager has made the default ServiceAccount.
     deadline = time.monotonic() + 60
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+    while not _default_service_account_exists(cluster, name):
         if time.monotonic() > deadline:
             raise TimeoutError(f"ServiceAccount default never appeared in namespace {name}")
-        time.sleep(0.2)
+        time.sleep(0.1)
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        # Not waited for: the namespace controller finishes the deletion in the background.
+        if isinstance(cluster, localcluster.LocalCluster):
+            cluster.api("DELETE", f"/api/v1/namespaces/{name}")
+        else:
+            cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
 @pytest.fixture

@@ -670,7 +670,7 @@ class LocalCluster(ClusterHandle):
                     self._wait_healthy(component, max(10.0, deadline - time.monotonic()))
                 self._apply_nodes(node_specs)
                 self._wait_nodes_ready([s.name for s in node_specs], max(10.0, deadline - time.monotonic()))
-                self._wait_for(lambda: self._api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+                self._wait_for(lambda: self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
                                "the default ServiceAccount", max(10.0, deadline - time.monotonic()))
             except BaseException:
                 self._stop_all()
@@ -715,8 +715,9 @@ class LocalCluster(ClusterHandle):
 
     # -- API -----------------------------------------------------------------
 
-    def _api(self, method: str, path: str, body: Any = None,
-             content_type: str = "application/json") -> tuple[int, Any]:
+    def api(self, method: str, path: str, body: Any = None,
+            content_type: str = "application/json") -> tuple[int, Any]:
+        """One request to the API server as admin, in process: (HTTP status, decoded body)."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.server + path, data=data, method=method,
                                          headers={"Content-Type": content_type, "Accept": "application/json"})
@@ -733,9 +734,9 @@ class LocalCluster(ClusterHandle):
         """Create the simulated nodes, or bring existing ones back to the declared labels and resources."""
         for manifest in gpunodes.node_manifests(specs):
             name = manifest["metadata"]["name"]
-            status, body = self._api("POST", "/api/v1/nodes", manifest)
+            status, body = self.api("POST", "/api/v1/nodes", manifest)
             if status == 409:
-                status, body = self._api("PATCH", f"/api/v1/nodes/{name}",
+                status, body = self.api("PATCH", f"/api/v1/nodes/{name}",
                                          {"metadata": {"labels": manifest["metadata"]["labels"],
                                                        "annotations": manifest["metadata"]["annotations"]}},
                                          "application/merge-patch+json")
@@ -746,7 +747,7 @@ class LocalCluster(ClusterHandle):
             want = manifest["status"]
             have = body.get("status", {}) if isinstance(body, dict) else {}
             if have.get("capacity") != want["capacity"] or have.get("allocatable") != want["allocatable"]:
-                status, body = self._api("PATCH", f"/api/v1/nodes/{name}/status",
+                status, body = self.api("PATCH", f"/api/v1/nodes/{name}/status",
                                          {"status": {"capacity": want["capacity"],
                                                      "allocatable": want["allocatable"]}},
                                          "application/merge-patch+json")
@@ -755,7 +756,7 @@ class LocalCluster(ClusterHandle):
 
     def _wait_nodes_ready(self, names: list[str], timeout: float) -> None:
         def all_ready() -> bool:
-            status, body = self._api("GET", "/api/v1/nodes")
+            status, body = self.api("GET", "/api/v1/nodes")
             if status != 200:
                 return False
             ready = {n["metadata"]["name"] for n in body["items"]
