@@ -140,11 +140,11 @@ def test_rbac_has_no_wildcards(helm: Helm, values):
 def test_watch_namespaces_turn_into_roles_in_each_namespace(helm: Helm):
     objects = helm.render(EVERYTHING_ON)
     sa = one(objects, "ServiceAccount")["metadata"]
-    # The operator's own namespace gets only Event creation (kopf posts cluster-scoped objects' Events there).
-    (events_role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "chattts-system"]
+    # "default" gets only Event creation (kopf posts the Events of cluster-scoped objects there).
+    (events_role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "default"]
     assert events_role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
-    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] != "chattts-system"]
-    bindings = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] != "chattts-system"]
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] != "default"]
+    bindings = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] != "default"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["tts-a", "tts-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["tts-a", "tts-b"]
     for binding in bindings:

@@ -46,7 +46,7 @@ class Identity:
         return result.stdout.strip() == "yes"
 
 
-def _token_kubeconfig(cluster, token: str, namespace: str, path: Path) -> Path:
+def _token_kubeconfig(cluster, token: str, path: Path) -> Path:
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
     cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
@@ -54,9 +54,7 @@ def _token_kubeconfig(cluster, token: str, namespace: str, path: Path) -> Path:
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
         "users": [{"name": "operator", "user": {"token": token}}],
-        # As in a pod: the default namespace is the ServiceAccount's (kopf posts the Events of
-        # cluster-scoped objects there).
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator", "namespace": namespace}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
         "current-context": "operator",
     }))
     path.chmod(0o600)
@@ -82,7 +80,7 @@ def identity(request, cluster, namespace, helm: Helm, tmp_path) -> Iterator[Iden
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     try:
         token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
-        kubeconfig = _token_kubeconfig(cluster, token, namespace, tmp_path / "operator.kubeconfig")
+        kubeconfig = _token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         yield Identity(release, namespace, service_account, kubeconfig, env, watch)
     finally:
@@ -240,7 +238,8 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
 
 def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, monkeypatch, caplog):
     """GPUSharePolicy passes: nodes, members in the namespace, a Job resumed, a replica cap
-    written, policy status and Events (in the operator's namespace), the finalizer released."""
+    written, policy status and Events (kopf posts those of a cluster-scoped object in
+    "default"), the finalizer released."""
     ns = identity.namespace
     policy = f"rbac-{secrets.token_hex(3)}"
     label = {"tts.chattts.io/share-policy": policy}
@@ -255,7 +254,8 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
             cluster.kubectl("apply", "-f", "-", input=json.dumps({
                 "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
                 "spec": {"nodeSelector": {"matchLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
-                         "defaultShares": {"online": 50, "offline": 50}}}))
+                         "windows": [{"name": "all-day", "start": "00:00", "end": "24:00",
+                                      "online": 50, "offline": 50}]}}))
             cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
             member = _ctd("member", 128, 64, labels=label)
             del member["spec"]["quantization"], member["spec"]["autoscaling"]
@@ -266,7 +266,7 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
                 _get(cluster, "ctd", "member", "-n", ns)["metadata"].get("annotations") or {}),
                 "the policy's replica cap on its online member")
             _wait_for(lambda: (_get(cluster, "gsp", policy).get("status") or {}).get("shares"), "the policy's status")
-            _wait_for(lambda: _get(cluster, "events", "-n", ns, "--field-selector",
+            _wait_for(lambda: _get(cluster, "events", "-n", "default", "--field-selector",
                                    f"involvedObject.name={policy}")["items"], "an Event about the policy")
             cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
     finally:
