@@ -579,3 +579,31 @@ def test_online_pods_preempt_offline_pods_that_hold_the_gpus(cluster, namespace,
         assert "Preempted" in reasons or "Preempting" in reasons, sorted(reasons)
     finally:
         cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_leaving_the_policy_releases_the_cap(cluster, namespace, gpu_pool, operator):
+    policy_name = f"rel-{namespace}"[:63]
+
+    def cap() -> str | None:
+        return (kjson(cluster, "get", "ctd", "tts", "-n", namespace)["metadata"].get("annotations") or {}).get(CAP)
+
+    def deployment_replicas() -> int | None:
+        return kjson(cluster, "get", "deployment", "tts", "-n", namespace)["spec"]["replicas"]
+
+    try:
+        apply(cluster, None, policy(policy_name, gpu_pool))
+        apply(cluster, namespace, serving("tts", policy_name, gpu_pool, replicas=10))
+        wait_until(lambda: cap() == "6" and deployment_replicas() == 6, "the night cap of 6 replicas")
+        # The label goes: the cap goes with it, and spec.replicas serves again.
+        cluster.kubectl("label", "ctd", "tts", "-n", namespace, f"{SHARE_LABEL}-")
+        wait_until(lambda: cap() is None and deployment_replicas() == 10, "the cap removed after the label")
+        # Back under the policy, then the policy is deleted: released again.
+        cluster.kubectl("label", "ctd", "tts", "-n", namespace, f"{SHARE_LABEL}={policy_name}")
+        wait_until(lambda: cap() == "6" and deployment_replicas() == 6, "the cap back under the policy")
+        cluster.kubectl("delete", "gpusharepolicy", policy_name, "--wait=true", "--timeout=60s")
+        wait_until(lambda: cap() is None and deployment_replicas() == 10, "the cap removed with the policy")
+        reasons = {e["reason"] for e in kjson(cluster, "get", "events", "-n", namespace,
+                                              "--field-selector", "involvedObject.name=tts")["items"]}
+        assert "ReplicaCapRemoved" in reasons
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)

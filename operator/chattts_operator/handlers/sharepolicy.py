@@ -123,6 +123,69 @@ async def _node_changed(type: str | None, body: kopf.Body, name: str, **_: Any) 
         _wake()
 
 
+# --- leaving a policy ----------------------------------------------------------------------
+
+
+async def _release_ctd(api: client.ApiClient, namespace: str, name: str) -> None:
+    """Remove the replica cap: the member serves spec.replicas again (Jobs it suspended stay
+    suspended: resuming them without a policy could over-commit the pool; the user decides)."""
+    custom = client.CustomObjectsApi(api)
+    try:
+        await custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, CTD_PLURAL, name,
+            {"metadata": {"annotations": {REPLICA_CAP_ANNOTATION: None, REPLICA_CAP_REASON_ANNOTATION: None}}},
+            field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+        )
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+@kopf.on.event(GROUP, VERSION, CTD_PLURAL, annotations={REPLICA_CAP_ANNOTATION: kopf.PRESENT})
+async def _capped_ctd_changed(body: kopf.Body, labels: kopf.Labels, namespace: str, name: str,
+                              logger: logging.Logger, **_: Any) -> None:
+    """A capped ChatTTSDeployment that left its policy (label removed, or the policy is gone)
+    loses its cap."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    policy = labels.get(SHARE_POLICY_LABEL)
+    if policy in _wakeups:
+        return  # its policy's daemon runs here: the policy exists (no API call per event)
+    async with await make_api_client() as api:
+        if policy:
+            try:
+                await client.CustomObjectsApi(api).get_cluster_custom_object(GROUP, VERSION, PLURAL, policy)
+                return
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+        await _release_ctd(api, namespace, name)
+    kopf.event(body, type="Normal", reason="ReplicaCapRemoved",
+               message=f"no longer under a GPUSharePolicy ({policy or 'label removed'}): serving spec.replicas")
+    logger.info("replica cap removed: %s/%s left its share policy", namespace, name)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="release-members")
+async def _policy_deleted(name: str, logger: logging.Logger, **_: Any) -> None:
+    """A deleted policy releases its online members' caps."""
+    selector = f"{SHARE_POLICY_LABEL}={name}"
+    async with await make_api_client() as api:
+        custom = client.CustomObjectsApi(api)
+        namespaces = _watched_namespaces()
+        if namespaces:
+            ctds = []
+            for ns in namespaces:
+                ctds += (await custom.list_namespaced_custom_object(
+                    GROUP, VERSION, ns, CTD_PLURAL, label_selector=selector)).get("items") or []
+        else:
+            ctds = (await custom.list_cluster_custom_object(
+                GROUP, VERSION, CTD_PLURAL, label_selector=selector)).get("items") or []
+        for ctd in ctds:
+            if REPLICA_CAP_ANNOTATION in (ctd["metadata"].get("annotations") or {}):
+                await _release_ctd(api, ctd["metadata"]["namespace"], ctd["metadata"]["name"])
+                logger.info("replica cap removed from %s/%s", ctd["metadata"]["namespace"], ctd["metadata"]["name"])
+
+
 # --- the API -------------------------------------------------------------------------------
 
 async def _json(call: Any, *args: Any, **kwargs: Any) -> Any:
