@@ -122,10 +122,12 @@ async def one_request(client, text: str) -> dict:
     return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else float("nan")}
 
 
-async def scrape(client) -> dict[str, float]:
+async def scrape(url: str) -> dict[str, float]:
+    import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = (await client.get("/metrics")).text
+    async with httpx.AsyncClient(base_url=url, timeout=30) as fresh:  # no stale keep-alive connection
+        text = (await fresh.get("/metrics")).text
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -138,9 +140,11 @@ async def scrape(client) -> dict[str, float]:
 async def run_level(url: str, concurrency: int, requests_per_client: int, texts: list[str]) -> dict:
     import httpx
 
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    # Drop idle connections before the server's 5 s keep-alive timeout closes them under us.
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits) as client:
-        before = await scrape(client)
+        before = await scrape(url)
         results: list[dict] = []
 
         async def worker(w: int) -> None:
@@ -150,7 +154,7 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
         wall0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - wall0
-        after = await scrape(client)
+        after = await scrape(url)
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

@@ -104,12 +104,11 @@ class StreamingDecoder:
     the left, so the convolution stacks see real history; samples already sent are
     never re-sent. The right edge of a chunk is computed without future frames (as
     ChatTTS's own streaming does), which is the only difference from decoding the
-    whole utterance at once.
+    whole utterance at once. ``next_window`` / ``accept`` split a step so that windows
+    of many streams can be decoded in one batch (:class:`BatchedDecoder`).
     """
 
-    def __init__(self, decode: Callable[[np.ndarray], np.ndarray], samples_per_frame: int,
-                 context_frames: int = 40):
-        self._decode = decode  # frames [T, ...] -> samples [(2T-1) * hop]
+    def __init__(self, samples_per_frame: int, context_frames: int = 40):
         self._spf = samples_per_frame
         self._context = context_frames
         self._frames: list[np.ndarray] = []
@@ -120,26 +119,88 @@ class StreamingDecoder:
     def pending_frames(self) -> int:
         return len(self._frames) - self._decoded_frames
 
-    @property
-    def total_frames(self) -> int:
-        return len(self._frames)
-
     def push(self, frames: np.ndarray) -> None:
         self._frames.extend(frames)
 
-    def take(self) -> np.ndarray:
-        """Decode what is pending; returns the new samples (empty if nothing is pending)."""
+    def next_window(self) -> tuple[np.ndarray, int, int] | None:
+        """(frames to decode, first frame index, frame count) or None when nothing is pending."""
         n = len(self._frames)
         if n == 0 or self.pending_frames == 0:
-            return np.zeros(0, np.float32)
+            return None
         start = max(0, self._decoded_frames - self._context)
-        audio = self._decode(np.stack(self._frames[start:n]))
+        return np.stack(self._frames[start:n]), start, n
+
+    def accept(self, audio: np.ndarray, start: int, n: int) -> np.ndarray:
+        """The decoded window's audio -> the samples not sent yet."""
         offset = start * self._spf
         end = offset + len(audio)  # (2n - 1) * hop: the centred ISTFT's length for n frames
         out = audio[self._emitted - offset:end - offset]
         self._emitted = max(self._emitted, end)
         self._decoded_frames = n
         return out.astype(np.float32, copy=False)
+
+    def take(self, decode: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Decode what is pending with ``decode`` (frames [T, ...] -> samples); empty if nothing is."""
+        window = self.next_window()
+        if window is None:
+            return np.zeros(0, np.float32)
+        frames, start, n = window
+        return self.accept(decode(frames), start, n)
+
+
+class BatchedDecoder:
+    """Decodes the windows of many streams together: one decoder/vocoder call per shape.
+
+    Callers ``await decode(frames)``; requests arriving while a batch runs are grouped by
+    window length (equal shapes give results identical to decoding one by one) and run
+    as the next batch on one worker thread. Fewer, larger kernels instead of one small
+    decode per stream and chunk, and the GPT's thread is not contended by many decoders.
+    """
+
+    def __init__(self, decode_batch: Callable[[np.ndarray], np.ndarray], executor, max_batch: int = 64):
+        self._decode_batch = decode_batch  # frames [B, T, ...] -> samples [B, S]
+        self._executor = executor
+        self._max_batch = max_batch
+        self._pending: dict[tuple, list] = {}
+        self._busy = False
+
+    async def decode(self, frames: np.ndarray) -> np.ndarray:
+        import asyncio  # noqa: PLC0415
+
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.setdefault(frames.shape, []).append((frames, future))
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(lambda: asyncio.ensure_future(self._drain()))
+        return await future
+
+    async def _drain(self) -> None:
+        import asyncio  # noqa: PLC0415
+
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                shape = next(iter(self._pending))
+                items = self._pending[shape][:self._max_batch]
+                rest = self._pending[shape][self._max_batch:]
+                if rest:
+                    self._pending[shape] = rest
+                else:
+                    del self._pending[shape]
+                try:
+                    audio = await loop.run_in_executor(self._executor, self._decode_batch,
+                                                       np.stack([f for f, _ in items]))
+                except Exception as err:  # noqa: BLE001  (handed to every waiting stream)
+                    for _, fut in items:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                for (_, fut), samples in zip(items, audio):
+                    if not fut.done():
+                        fut.set_result(samples)
+        finally:
+            self._busy = False
 
 
 def available_formats() -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chattts_runtime.audio_io import ALL_FORMATS, StreamingDecoder, UnsupportedFormat, check_format, encode
+from chattts_runtime.audio_io import BatchedDecoder, StreamingDecoder, UnsupportedFormat, check_format, encode
 from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
 from chattts_runtime.metrics import RuntimeMetrics
@@ -95,7 +95,10 @@ class SpeechService:
         self.ready = False
         self.draining = False
         self.in_flight = 0
-        self._decode_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chattts-decode")
+        # One decode thread: stream windows are batched (BatchedDecoder), whole responses go one by one.
+        self._decode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-decode")
+        self._batched = BatchedDecoder(self._decode_batch, self._decode_pool)
+        self._cuda_stream = None
         metrics.bind_engine(engine)
 
     @property
@@ -161,14 +164,23 @@ class SpeechService:
         except EngineStopped:
             raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down") from None
 
-    def _decode_frames(self, frames: np.ndarray) -> np.ndarray:
-        """``frames`` [T, num_vq] codes, or [T, hidden] hidden states on the decoder path."""
+    def _decode_batch(self, frames: np.ndarray) -> np.ndarray:
+        """``frames`` [B, T, num_vq] codes, or [B, T, hidden] hidden states on the decoder path."""
         import torch  # noqa: PLC0415
 
-        batch = torch.from_numpy(np.ascontiguousarray(frames))[None]
-        if self.config.generation.audio_decoder == "decoder":
-            return self.model.hidden_to_audio(batch)[0].cpu().numpy()
-        return self.model.codes_to_audio(batch)[0].cpu().numpy()
+        batch = torch.from_numpy(np.ascontiguousarray(frames))
+        decode = self.model.hidden_to_audio if self.config.generation.audio_decoder == "decoder" \
+            else self.model.codes_to_audio
+        if self.model.device.type != "cuda":
+            return decode(batch).numpy()
+        # Its own CUDA stream: the GPT's per-step host sync does not wait for vocoder kernels.
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream(device=self.model.device)
+        with torch.cuda.stream(self._cuda_stream):
+            return decode(batch).cpu().numpy()
+
+    def _decode_frames(self, frames: np.ndarray) -> np.ndarray:
+        return self._decode_batch(frames[None])[0]
 
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._decode_pool, fn, *args)
@@ -209,7 +221,7 @@ class SpeechService:
         """Streaming path: decoded sample chunks as frames arrive (first chunk smaller for latency)."""
         req = synthesis.request
         gen = self.config.generation
-        decoder = StreamingDecoder(self._decode_frames, self.model.sizes.samples_per_frame)
+        decoder = StreamingDecoder(self.model.sizes.samples_per_frame)
         first_chunk = max(1, gen.stream_chunk_frames // 3)
         produced = 0
         status = "aborted"
@@ -224,7 +236,8 @@ class SpeechService:
                     decoder.push(self._frames_of(chunk, req.want_hidden))
                 due = first_chunk if produced == 0 else gen.stream_chunk_frames
                 if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
-                    samples = await self._in_pool(decoder.take)
+                    frames, start, n = decoder.next_window()
+                    samples = decoder.accept(await self._batched.decode(frames), start, n)
                     if produced == 0 and len(samples):
                         self.metrics.ttfa.observe(time.monotonic() - req.arrival)
                     produced += len(samples)

@@ -96,19 +96,14 @@ def test_encoded_formats_or_clear_400(server):
                 assert r.status_code == 400 and "av" in r.json()["error"]["message"]
 
 
-def test_streaming_chunks_arrive_before_the_request_finishes(server):
+def test_streaming_returns_audio_in_several_chunks(server):
     body = {"model": "chattts", "voice": "nova", "input": "stream me", "response_format": "pcm", "stream": True}
     with server.client() as c, c.stream("POST", "/v1/audio/speech", json=body) as r:
-        assert r.status_code == 200
-        chunks = r.iter_bytes()
-        first = next(chunks)
-        assert len(first) > 0
-        # the server still reports the request as running: audio came out before the end
-        running = sample(server.metrics(), "chattts_requests_running")
-        rest = b"".join(chunks)
-    assert running >= 1
-    total = first + rest
-    assert len(total) == (2 * 48 - 1) * 256 * 2
+        assert r.status_code == 200 and r.headers.get("transfer-encoding") == "chunked"
+        chunks = [chunk for chunk in r.iter_raw() if chunk]
+    assert len(b"".join(chunks)) == (2 * 48 - 1) * 256 * 2
+    # 48 frames in chunks of 4 (first) then 12 frames: the body was sent in several writes
+    assert len(chunks) >= 2
 
 
 def test_sse_stream_format(server):
@@ -209,15 +204,20 @@ def test_full_queue_answers_429_with_retry_after(start_server, endless_checkpoin
 
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_and_exits_0(start_server, endless_checkpoint):
-    srv = start_server({"generation": {"max_new_frames": 300, "stream_chunk_frames": 12}},
+    """Also: streamed audio arrives while the request is still being generated."""
+    frames = 600
+    srv = start_server({"generation": {"max_new_frames": frames, "stream_chunk_frames": 12}},
                        checkpoint=endless_checkpoint)
     body = {"model": "chattts", "voice": "alloy", "input": "finish me", "response_format": "pcm", "stream": True}
     with srv.client() as c, c.stream("POST", "/v1/audio/speech", json=body) as r:
         chunks = r.iter_bytes()
         first = next(chunks)
+        running = sample(srv.metrics(), "chattts_requests_running")
         srv.proc.send_signal(signal.SIGTERM)
         rest = b"".join(chunks)
-    assert len(first + rest) == (2 * 300 - 1) * 256 * 2  # the in-flight request completed
+    assert len(first) > 0 and running == 1  # first audio out, generation still going
+    assert len(first + rest) == (2 * frames - 1) * 256 * 2  # the in-flight request completed
     assert srv.proc.wait(timeout=60) == 0
     with pytest.raises(httpx.HTTPError):
         httpx.get(srv.url + "/health", timeout=2)
+    assert "Shutting down" in srv.log()
