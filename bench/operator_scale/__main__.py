@@ -66,29 +66,35 @@ async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, resu
     async with Api(cluster.server, ssl_context_for(cluster.pki), connections=args.concurrency + 16) as api:
         bench = Bench(cluster, api, args.out, args.concurrency, deadline)
         bench.profile = args.profile
+        async def phase(key: str, coro) -> None:
+            """Run one phase; a failure is recorded and the next phase still runs."""
+            if time.monotonic() > deadline:
+                results[key] = {"skipped": "out of time (--max-minutes)"}
+                coro.close()
+                return
+            try:
+                results[key] = await coro
+            except Exception as err:  # noqa: BLE001 - keep the other figures
+                log(f"phase {key} failed: {err!r}")
+                results[key] = {"error": repr(err)}
+            save()
+
         try:
             for i, n in enumerate(sizes):
                 largest = i == len(sizes) - 1
-                results[f"baseline_{n}"] = await bench.baseline(n)
-                save()
-                results[f"operator_{n}"] = await bench.operator_create(n, keep=largest)
-                save()
+                await phase(f"baseline_{n}", bench.baseline(n))
+                await phase(f"operator_{n}", bench.operator_create(n, keep=largest))
             managed = sizes[-1]
             interval = str(args.resync_interval)
-            results["restart_none"] = await bench.restart(managed, "no unrelated objects",
-                                                          resync_interval_seconds=interval)
-            save()
-            results["noop_resync"] = await bench.noop_resync(managed, args.resync_interval)
-            save()
-            results["reaction"] = await bench.reaction(f"bench-op-{managed}", managed, args.reaction_samples,
-                                                       args.reaction_rate)
-            save()
-            if args.unrelated and time.monotonic() < deadline:
-                results["unrelated"] = await bench.create_unrelated(args.unrelated)
-                save()
-                results["restart_unrelated"] = await bench.restart(
-                    managed, f"{args.unrelated} unrelated Deployments + Pods", resync_interval_seconds=interval)
-                save()
+            await phase("restart_none", bench.restart(managed, "no unrelated objects",
+                                                      resync_interval_seconds=interval))
+            await phase("noop_resync", bench.noop_resync(managed, args.resync_interval))
+            await phase("reaction", bench.reaction(f"bench-op-{managed}", managed, args.reaction_samples,
+                                                   args.reaction_rate))
+            if args.unrelated:
+                await phase("unrelated", bench.create_unrelated(args.unrelated))
+                await phase("restart_unrelated", bench.restart(
+                    managed, f"{args.unrelated} unrelated Deployments + Pods", resync_interval_seconds=interval))
         finally:
             if bench.operator is not None:
                 bench.operator.stop()

@@ -63,6 +63,7 @@ class Api:
         self.ssl = ssl_context
         self.connections = connections
         self.session: aiohttp.ClientSession | None = None
+        self.retries = 0
 
     async def __aenter__(self) -> "Api":
         self.session = aiohttp.ClientSession(
@@ -76,7 +77,24 @@ class Api:
 
     async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
                       content_type: str = "application/json", ok_missing: bool = False,
-                      timeout: float = 60) -> Any:
+                      timeout: float = 60, attempts: int = 6) -> Any:
+        """One request; 429, 5xx and dropped connections are retried (as any client must on a
+        busy API server), the number of retries is counted in ``self.retries``."""
+        for attempt in range(attempts):
+            try:
+                return await self._request_once(method, path, body, query, content_type, ok_missing, timeout)
+            except ApiError as err:
+                if (err.status != 429 and err.status < 500) or attempt == attempts - 1:
+                    raise
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                if attempt == attempts - 1:
+                    raise
+            self.retries += 1
+            await asyncio.sleep(min(8.0, 0.5 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    async def _request_once(self, method: str, path: str, body: Any, query: dict[str, str] | None,
+                            content_type: str, ok_missing: bool, timeout: float) -> Any:
         assert self.session is not None, "use `async with Api(...)`"
         data = json.dumps(body) if body is not None else None
         async with self.session.request(method, self.server + path, data=data, params=query or {},

@@ -46,7 +46,7 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{_fmt(reaction.get('p50_ms'))} / {_fmt(reaction.get('p99_ms'))}", ""))
     for key in ("restart_none", "restart_unrelated"):
         r = results.get(key) or {}
-        if not r:
+        if "label" not in r:
             continue
         out.append((f"restart ({r['label']}): resume all {r['managed']} (s), requests, writes",
                     f"{_fmt(r.get('seconds_to_resume_all'))}, {r.get('startup_requests')}, {r.get('startup_writes')}",

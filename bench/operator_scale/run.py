@@ -105,9 +105,18 @@ class Bench:
         namespace = f"bench-base-{n}"
         await self.create_namespace(namespace)
         tracker = await NamespaceTracker(self.api, namespace).start()
+        try:
+            return await self._baseline(n, namespace, tracker)
+        finally:
+            await tracker.stop()
+            seconds = await self.delete_namespace(namespace)
+            log(f"namespace {namespace} deleted in {seconds:.0f}s")
+
+    async def _baseline(self, n: int, namespace: str, tracker: NamespaceTracker) -> dict[str, Any]:
         settings = OperatorSettings(runtime_image="chattts-runtime:bench")
         names = [workload.ctd_name(i) for i in range(n)]
         before = await self.api_counts()
+        retries_before = self.api.retries
         writes = 0
 
         async def write_children(created: dict[str, Any]) -> None:
@@ -124,17 +133,16 @@ class Bench:
         ready = await tracker.wait_for(lambda: len(tracker.deployment_ready) >= n, self.remaining(600))
         t_ready = (max(tracker.deployment_ready[x] for x in names) - t0) if ready else None
         window = apimetrics.delta(await self.api_counts(), before)
-        await tracker.stop()
         result = {
             "n": n, "concurrency": self.concurrency, "child_writes": writes, "loadavg_1m": loadavg(),
             "seconds_writes_returned": round(t_written, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_deployments_ready": round(t_ready, 2) if t_ready else None,
             "apply_requests": sum(v for k, v in window.items() if k.verb == "APPLY"),
+            "client_retries": self.api.retries - retries_before,
             "timed_out": not (done and ready),
         }
         log(f"baseline N={n}: {result}")
-        result["seconds_namespace_deleted"] = round(await self.delete_namespace(namespace), 1)
         return result
 
     # --- phase: the operator creates -------------------------------------------------------------
@@ -144,6 +152,20 @@ class Bench:
         op = self.start_operator()
         await self.create_namespace(namespace)
         tracker = await NamespaceTracker(self.api, namespace).start()
+        failed = True
+        try:
+            result = await self._operator_create(n, op, tracker)
+            failed = False
+            return result
+        finally:
+            await tracker.stop()
+            if failed or not keep:
+                op.stop()
+                seconds = await self.delete_namespace(namespace)
+                log(f"namespace {namespace} deleted in {seconds:.0f}s")
+
+    async def _operator_create(self, n: int, op: OperatorProcess, tracker: NamespaceTracker) -> dict[str, Any]:
+        namespace = tracker.namespace
         names = [workload.ctd_name(i) for i in range(n)]
         before = await self.api_counts()
         reconciles_before = op.metric_sum("chattts_operator_reconciles_total")
@@ -188,10 +210,6 @@ class Bench:
         }
         _ = t_done
         log(f"operator N={n}: {result}")
-        await tracker.stop()
-        if not keep:
-            op.stop()
-            result["seconds_namespace_deleted"] = round(await self.delete_namespace(namespace), 1)
         return result
 
     def _start_profiler(self, op: OperatorProcess, label: str) -> subprocess.Popen | None:
