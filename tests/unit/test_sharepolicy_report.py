@@ -149,3 +149,11 @@ def test_a_deployment_set_to_more_replicas_than_pods_counts_as_held():
     m = online_member(ctd("tts", replicas=10, cap=4), pods("Running") * 1, 0, dep)
     assert m.observed_pods == 7
     assert online_member(ctd("tts"), pods("Running", "Running"), 0, None).observed_pods == 2
+
+
+def test_status_lists_a_bounded_number_of_members():
+    offline = [offline_member(job(f"j{i:04d}", suspend=True), [], 0) for i in range(250)]
+    p = plan(POLICY, [], offline, pool_nodes([node("n", 100_000)]), NOON)
+    status = policy_status(p, [], offline, None, NOON, 1, [])
+    assert len(status["members"]) == 200 and status["memberCount"] == 250
+    GPUSharePolicyStatus.model_validate(status)

@@ -67,6 +67,8 @@ WINDOW_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_WINDOWS = 32
 # Past actions kept in status: enough to read a day's story, small enough for etcd.
 MAX_ACTIONS_KEPT = 20
+# Members listed in status: the object stays far below etcd's size limit with thousands of Jobs.
+MAX_MEMBERS_LISTED = 200
 
 
 class Weekday(str, Enum):
@@ -346,7 +348,10 @@ class GPUSharePolicyStatus(_StatusModel):
     pool: PoolStatus = Field(default_factory=PoolStatus)
     budget: BudgetStatus = Field(default_factory=BudgetStatus)
     used: UsageStatus = Field(default_factory=UsageStatus)
-    members: list[MemberStatus] = Field(default_factory=list)
+    members: list[MemberStatus] = Field(
+        default_factory=list, description=f"Online members, then offline ones (at most {MAX_MEMBERS_LISTED} listed)."
+    )
+    member_count: int = Field(0, description="All members, listed or not.")
     last_actions: list[ActionRecord] = Field(
         default_factory=list, description=f"The last {MAX_ACTIONS_KEPT} suspends, resumes and scalings, newest last."
     )

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from chattts_operator.api.sharepolicy import MAX_ACTIONS_KEPT
+from chattts_operator.api.sharepolicy import MAX_ACTIONS_KEPT, MAX_MEMBERS_LISTED
 from chattts_operator.scheduling.planner import OFFLINE_KIND, ONLINE_KIND, Action, OfflineMember, OnlineMember, Plan
 
 _EVENT_REASONS = {"Suspend": "Suspended", "Resume": "Resumed", "ScaleDown": "ScaledDown", "ScaleUp": "ScaledUp"}
@@ -114,7 +114,8 @@ def policy_status(
         "pool": {"nodes": plan.pool_nodes, "gpuMemoryMiB": plan.pool_mib},
         "budget": {"onlineMiB": plan.online_budget_mib, "offlineMiB": plan.offline_budget_mib},
         "used": {"onlineMiB": plan.asked_online_mib, "offlineMiB": plan.asked_offline_mib, "totalMiB": plan.asked_after_mib},
-        "members": members,
+        "members": members[:MAX_MEMBERS_LISTED],
+        "memberCount": len(members),
         "lastActions": records[-MAX_ACTIONS_KEPT:],
         "overlaps": [f"{a}/{b}" for a, b in overlaps],
         "conditions": conditions,
