@@ -234,6 +234,9 @@ def test_scales_up_under_load_and_back_down_after_it(cluster, namespace, runtime
             "reason"] == "ScaleDown" and s, "the scale-down recorded in status", timeout=30)
         print("decisions:", json.dumps(final["decisions"], indent=1))
         assert final["decisions"][-1]["currentReplicas"] > 1, final["decisions"]
+        # The story is all there: the scale-up, then the scale-down (none lost to a stale watch event).
+        reasons = [d["reason"] for d in final["decisions"]]
+        assert "ScaleUp" in reasons and reasons.index("ScaleUp") < len(reasons) - 1, reasons
         conditions = {c["type"]: c for c in final["conditions"]}
         assert conditions["ScalingActive"]["status"] == "True"
         assert conditions["AbleToScale"]["status"] == "True"
@@ -247,4 +250,63 @@ def test_scales_up_under_load_and_back_down_after_it(cluster, namespace, runtime
             mapper.stop.set()
         op.stop()
         print(f"--- operator log ---\n{op.log_tail(120)}")
+        kubectl("delete", "-n", namespace, "ctd", "--all", "--wait=false", check=False)
+
+
+def runtime_engine_config(kubectl, namespace: str, name: str) -> dict:
+    configmap = get(kubectl, namespace, "configmap", f"{name}-runtime")
+    return yaml.safe_load(configmap["data"]["runtime.yaml"])["engine"]
+
+
+def test_batch_token_tuning_raises_at_max_replicas_and_lowers_when_quiet(cluster, namespace, runtime_processes,
+                                                                       tmp_path):
+    """One replica that may not grow: sustained waits raise maxNumBatchedTokens one step (a
+    rolling update through the runtime ConfigMap); a quiet period lowers it back."""
+    kubectl = cluster.kubectl
+    install_crds(cluster)
+    op = OperatorProcess(cluster, namespace, tmp_path)
+    op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
+    op.env["CHATTTS_AUTOSCALER_INTERVAL_SECONDS"] = "2"
+    op.start()
+    mapper = load = None
+    try:
+        apply(kubectl, namespace, ctd(
+            "tuned", replicas=1, engine={"maxNumSeqs": SLOTS},
+            autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 1, "window": "6s", "staleness": "30s",
+                         "batchTokenTuning": {"enabled": True, "step": 1024, "cap": 9216,
+                                              "sustainedFor": "4s", "quietPeriod": "8s"}}))
+        mapper = PodMapper(kubectl, namespace, "tuned", runtime_processes)
+        mapper.start()
+        wait_until(lambda: mapper.ready_urls, "the pod Ready and mapped", timeout=120)
+        assert runtime_engine_config(kubectl, namespace, "tuned").get("max_num_batched_tokens") is None
+
+        load = Load(mapper)
+        load.start()
+        tuned = wait_until(
+            lambda: autoscaling_status(kubectl, namespace, "tuned").get("batchTokenTuning", {}).get(
+                "maxNumBatchedTokens") == 9216, "maxNumBatchedTokens raised", timeout=LOAD_SECONDS)
+        assert tuned
+        # The core rolls it out: the runtime config now carries the raised value.
+        wait_until(lambda: runtime_engine_config(kubectl, namespace, "tuned").get("max_num_batched_tokens") == 9216,
+                   "the raised value in the runtime ConfigMap", timeout=30)
+        load.stop.set()
+        load.join(timeout=90)
+
+        # Quiet: after the quiet period it steps back to the spec's own value (unset).
+        wait_until(lambda: autoscaling_status(kubectl, namespace, "tuned").get("batchTokenTuning", {}).get(
+            "maxNumBatchedTokens") is None, "maxNumBatchedTokens lowered", timeout=90)
+        wait_until(lambda: runtime_engine_config(kubectl, namespace, "tuned").get("max_num_batched_tokens") is None,
+                   "the runtime ConfigMap back to the spec", timeout=30)
+        events = get(kubectl, namespace, "events", "--field-selector", "involvedObject.name=tuned")["items"]
+        reasons = [e["reason"] for e in events]
+        assert reasons.count("BatchTokensRaised") == 1 and reasons.count("BatchTokensLowered") == 1, reasons
+        assert get(kubectl, namespace, "ctd", "tuned")["spec"]["replicas"] == 1
+        assert mapper.error is None, mapper.error
+    finally:
+        if load is not None:
+            load.stop.set()
+        if mapper is not None:
+            mapper.stop.set()
+        op.stop()
+        print(f"--- operator log ---\n{op.log_tail(80)}")
         kubectl("delete", "-n", namespace, "ctd", "--all", "--wait=false", check=False)
