@@ -253,9 +253,12 @@ class SpeechService:
 
     async def warmup(self) -> None:
         """One short greedy synthesis through the whole path, so the first user pays no start-up cost."""
+        gen = self.config.generation
         prompt = self.model.tokenizer.build("warm up", with_speaker=False)
-        request = SynthesisRequest("warmup", prompt.input_ids, None,
-                                   SamplingParams(temperature=0, max_new_frames=4, min_new_frames=1))
+        # The configured sampling path, so its first use (kernels, allocations) is paid here.
+        request = SynthesisRequest("warmup", prompt.input_ids, None, SamplingParams(
+            temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0))
         synthesis = Synthesis(request, "wav", False, False)
         await self.synthesize(synthesis, self.engine.submit(request))
 
