@@ -607,3 +607,23 @@ def test_leaving_the_policy_releases_the_cap(cluster, namespace, gpu_pool, opera
         assert "ReplicaCapRemoved" in reasons
     finally:
         cluster.kubectl("delete", "gpusharepolicy", policy_name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_two_policies_over_the_same_nodes(cluster, namespace, gpu_pool, operator):
+    first, second = f"a-{namespace}"[:63], f"b-{namespace}"[:63]
+    try:
+        apply(cluster, None, policy(first, gpu_pool), policy(second, gpu_pool))
+
+        def valid(name: str) -> dict[str, Any] | None:
+            obj = kjson(cluster, "get", "gpusharepolicy", name)
+            return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Valid"), None)
+
+        yielded = wait_until(lambda: (c := valid(second)) and c["status"] == "False" and c, "the second policy to yield")
+        assert yielded["reason"] == "OverlappingPool" and first in yielded["message"]
+        acting = wait_until(lambda: (c := valid(first)) and c["status"] == "False" and c, "the first policy to report it")
+        assert second in acting["message"] and "yields" in acting["message"]
+        # The second goes: the first is valid again.
+        cluster.kubectl("delete", "gpusharepolicy", second, "--wait=true", "--timeout=60s")
+        wait_until(lambda: (c := valid(first)) and c["status"] == "True", "the first policy valid again")
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", first, second, "--ignore-not-found", "--wait=false", check=False)

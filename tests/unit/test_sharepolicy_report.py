@@ -157,3 +157,19 @@ def test_status_lists_a_bounded_number_of_members():
     status = policy_status(p, [], offline, None, NOON, 1, [])
     assert len(status["members"]) == 200 and status["memberCount"] == 250
     GPUSharePolicyStatus.model_validate(status)
+
+
+def test_shared_nodes_between_policies():
+    from chattts_operator.api.sharepolicy import LabelSelector
+    from chattts_operator.scheduling.observe import shared_nodes
+
+    a, b = node("a", 100_000), node("b", 100_000)
+    a["metadata"]["labels"]["pool"] = "tts"
+    b["metadata"]["labels"]["pool"] = "batch"
+    others = {
+        "same-pool": LabelSelector.model_validate({"matchLabels": {"pool": "tts"}}),
+        "elsewhere": LabelSelector.model_validate({"matchLabels": {"pool": "gpu-2"}}),
+        "everything": LabelSelector(),
+    }
+    assert shared_nodes([a], others) == {"everything": ["a"], "same-pool": ["a"]}
+    assert shared_nodes([a, b], {"elsewhere": others["elsewhere"]}) == {}

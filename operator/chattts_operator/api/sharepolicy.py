@@ -3,8 +3,10 @@ and offline work.
 
 Scope: **cluster**. The pool is a set of Nodes (cluster-scoped), and one pool is usually
 shared by teams in several namespaces (serving in one, batch synthesis and quantization
-in another). Namespaced policies could each hand out the same nodes and together
-over-commit them; one cluster-scoped object per pool makes that impossible to express.
+in another). Namespaced policies would let each namespace's owner hand out the same nodes;
+with cluster-scoped policies one owner (the capacity owner) sees every policy over the
+pool, and where two policies' node selectors still overlap, the one named first acts and
+the other reports ``Valid=False`` (reason ``OverlappingPool``) and changes nothing.
 
 Membership is by label: a `ChatTTSDeployment` (online) or a batch/v1 `Job` (offline), in
 any namespace, joins the policy named in its label ``tts.chattts.io/share-policy``. A fixed

@@ -39,6 +39,7 @@ from chattts_operator.api.sharepolicy import (
     SHARE_POLICY_LABEL,
     VERSION,
     GPUSharePolicySpec,
+    LabelSelector,
 )
 from chattts_operator.builders import deployment_name, selector_string as serving_pod_selector
 from chattts_operator.kube import make_api_client
@@ -50,6 +51,7 @@ from chattts_operator.scheduling.observe import (
     offline_member,
     online_member,
     pool_nodes,
+    shared_nodes,
 )
 from chattts_operator.scheduling.planner import OFFLINE_KIND, plan
 from chattts_operator.scheduling.priorityclasses import priority_class_manifests
@@ -240,8 +242,29 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
         return CONFIG.resync_seconds
 
     node_list = await _json(core.list_node, label_selector=selector_string(spec.node_selector) or None)
-    nodes = node_list.get("items") or []
+    nodes = [n for n in node_list.get("items") or [] if node_gpu_memory_mib(n) > 0]
     per_gpu = largest_gpu_mib(nodes)
+
+    # Two policies over the same GPUs could together over-commit them: the one named first
+    # keeps acting, the others make no change until the pools are disjoint.
+    problems: list[str] = []
+    others: dict[str, LabelSelector] = {}
+    for item in (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)).get("items") or []:
+        other = item["metadata"]["name"]
+        if other != name:
+            try:
+                others[other] = LabelSelector.model_validate((item.get("spec") or {}).get("nodeSelector") or {})
+            except ValidationError:
+                continue  # that policy reports its own bad spec
+    shared = shared_nodes(nodes, others)
+    first = [other for other in shared if other < name]
+    if first:
+        message = "; ".join(f"nodes {', '.join(shared[o][:5])} are also in GPUSharePolicy {o}" for o in first)
+        await _write_invalid(custom, policy, previous, f"{message}: it was named first, so this policy makes no "
+                             "changes until the pools are disjoint", now, generation, reason="OverlappingPool")
+        return CONFIG.resync_seconds
+    problems += [f"nodes {', '.join(n[:5])} are also in GPUSharePolicy {o}, which yields to this one"
+                 for o, n in shared.items()]
     selector = f"{SHARE_POLICY_LABEL}={name}"
     namespaces = _watched_namespaces()
     if namespaces:
@@ -255,7 +278,6 @@ async def reconcile_policy(api: client.ApiClient, name: str, logger: logging.Log
         ctds = (await custom.list_cluster_custom_object(GROUP, VERSION, CTD_PLURAL, label_selector=selector)).get("items") or []
         jobs = (await _json(batch.list_job_for_all_namespaces, label_selector=selector)).get("items") or []
 
-    problems: list[str] = []
     online, offline = [], []
     bodies: dict[tuple[str, str, str], dict[str, Any]] = {}
     for ctd in ctds:
@@ -351,15 +373,15 @@ def _status_differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
 
 
 async def _write_invalid(custom: client.CustomObjectsApi, policy: dict[str, Any], previous: dict[str, Any],
-                         message: str, now: Any, generation: int | None) -> None:
+                         message: str, now: Any, generation: int | None, reason: str = "InvalidSpec") -> None:
     conditions = [c for c in previous.get("conditions") or [] if c.get("type") != "Valid"]
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), None)
     if old and old.get("status") == "False" and old.get("message") == message:
         return
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    conditions.append({"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": message,
+    conditions.append({"type": "Valid", "status": "False", "reason": reason, "message": message,
                        "lastTransitionTime": stamp, "observedGeneration": generation})
-    kopf.event(policy, type="Warning", reason="InvalidSpec", message=message)
+    kopf.event(policy, type="Warning", reason=reason, message=message)
     await custom.patch_cluster_custom_object_status(
         GROUP, VERSION, PLURAL, policy["metadata"]["name"],
         {"status": {"observedGeneration": generation, "conditions": conditions}},

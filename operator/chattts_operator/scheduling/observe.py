@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, REPLICA_CAP_ANNOTATION
+from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, REPLICA_CAP_ANNOTATION, LabelSelector
 from chattts_operator.scheduling.planner import OfflineMember, OnlineMember, PoolNode
 from chattts_operator.scheduling.resources import (
     bytes_to_mib,
@@ -15,6 +15,7 @@ from chattts_operator.scheduling.resources import (
     node_is_usable,
     per_gpu_memory_mib,
     pod_spec_gpu_memory_mib,
+    selector_matches,
 )
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
@@ -136,3 +137,16 @@ def offline_member(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pe
         finished=job_finished(job),
         observed_pods=live_pods(pods),
     )
+
+
+def shared_nodes(
+    pool: Iterable[Mapping[str, Any]], others: Mapping[str, LabelSelector]
+) -> dict[str, list[str]]:
+    """Other policies whose node selector also picks nodes of this pool: {policy: [node, ...]}.
+    Two policies handing out the same GPUs could together over-commit them."""
+    found: dict[str, list[str]] = {}
+    for other, selector in sorted(others.items()):
+        names = sorted(n["metadata"]["name"] for n in pool if selector_matches(selector, n["metadata"].get("labels")))
+        if names:
+            found[other] = names
+    return found

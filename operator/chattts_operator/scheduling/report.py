@@ -96,7 +96,7 @@ def policy_status(
     conditions = [
         _merge_condition(old_conditions, {
             "type": "Valid", "status": "False" if problems else "True",
-            "reason": "MemberProblems" if problems else "Valid",
+            "reason": "Problems" if problems else "Valid",
             "message": "; ".join(problems), "observedGeneration": generation,
         }, stamp),
         _merge_condition(old_conditions, {
