@@ -23,6 +23,10 @@ if [[ -n "${CHATTTS_CLUSTER_BIN_DIR:-}" ]]; then
   echo "$CHATTTS_CLUSTER_BIN_DIR"; exit 0
 fi
 
+# A go new enough for the modules (fetches the official toolchain module if PATH's go is older).
+go_bin="$("$here/ensure-go.sh")"
+export PATH="$(dirname "$go_bin"):$PATH"
+
 cache="${CHATTTS_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chattts-operator/cluster}"
 key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_$(go env GOOS)-$(go env GOARCH)"
 bin="$cache/bin/$key"
