@@ -320,11 +320,66 @@ def run_operator(cluster, release_objects: list[dict[str, Any]]) -> tuple[int, s
 # --- samples ----------------------------------------------------------------------------
 
 
+def _references(node: Any, claims: set[str], config_maps: set[str]) -> None:
+    """PVC and ConfigMap names an object refers to (volumes, spec.model.pvc, quantization...)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("claimName"), str):
+            claims.add(node["claimName"])
+        config_map = node.get("configMap")
+        if isinstance(config_map, dict) and isinstance(config_map.get("name"), str):
+            config_maps.add(config_map["name"])
+        for value in node.values():
+            _references(value, claims, config_maps)
+    elif isinstance(node, list):
+        for value in node:
+            _references(value, claims, config_maps)
+
+
+def sample_stand_ins(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stand-ins for what the samples expect a real cluster to have: a static hostPath volume and
+    claim for every PVC they use but do not define, and every ConfigMap they read (calibration
+    texts). Pure: the objects to apply."""
+    claims: set[str] = set()
+    config_maps: set[str] = set()
+    for doc in documents:
+        _references(doc, claims, config_maps)
+    defined = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    objects: list[dict[str, Any]] = []
+    for claim in sorted(c for c in claims if ("PersistentVolumeClaim", c) not in defined):
+        volume = f"{DEMO_NAMESPACE}-{claim}"
+        objects.append({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": volume, "labels": {"app.kubernetes.io/part-of": "chattts"}},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
+                     "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": DEMO_NAMESPACE, "name": claim},
+                     "hostPath": {"path": f"/srv/chattts-demo/{claim}", "type": "DirectoryOrCreate"}}})
+        objects.append({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": DEMO_NAMESPACE},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                     "resources": {"requests": {"storage": "10Gi"}}}})
+    for name in sorted(c for c in config_maps if ("ConfigMap", c) not in defined):
+        objects.append({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": DEMO_NAMESPACE},
+            "data": {"texts.jsonl": '{"text": "Hello from the ChatTTS demo."}\n'}})
+    return objects
+
+
 def apply_examples(cluster) -> list[str]:
+    import yaml
+
     cluster.kubectl("apply", "-f", "-", input=json.dumps(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}))
     for path in sorted((EXAMPLES / "local").glob("*.yaml")):
         cluster.kubectl("apply", "-f", str(path))  # cluster-scoped helpers (a static PV for the PVC example)
+    documents = [doc for path in sorted(EXAMPLES.glob("*.yaml"))
+                 for doc in yaml.safe_load_all(path.read_text()) if doc]
+    stand_ins = sample_stand_ins(documents)
+    if stand_ins:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(stand_ins))
+        say("local stand-ins for what the samples expect to exist: "
+            + ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in stand_ins if o["kind"] != "PersistentVolume"))
     applied = []
     for path in sorted(EXAMPLES.glob("*.yaml")):
         cluster.kubectl("apply", "-n", DEMO_NAMESPACE, "-f", str(path))
@@ -358,8 +413,13 @@ def wait_for_serving(cluster) -> None:
             reported = line
         if time.monotonic() > deadline:
             table = cluster.kubectl("get", "ctd", "-n", DEMO_NAMESPACE).stdout
-            raise DemoError(f"not every ChatTTSDeployment became ready within {TIMEOUT:.0f} s:\n{table}\n"
-                            f"    see `kubectl describe ctd -n {DEMO_NAMESPACE}` and the operator log")
+            why = [f"{c['metadata']['name']}: {cond['type']}={cond['status']} {cond.get('reason', '')}: {cond.get('message', '')}"
+                   for c in ctds if not _serving(c)
+                   for cond in (c.get("status") or {}).get("conditions") or []
+                   if (cond["type"] == "Degraded") == (cond["status"] == "True")]
+            raise DemoError(f"not every ChatTTSDeployment became ready within {TIMEOUT:.0f} s:\n{table}\n    "
+                            + "\n    ".join(why)
+                            + f"\n    see `kubectl describe ctd -n {DEMO_NAMESPACE}` and the operator log")
         time.sleep(1)
 
 
