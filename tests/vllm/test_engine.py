@@ -38,8 +38,9 @@ class RecordingObserver:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def vllm_engine(tiny_checkpoint, tiny_model, vllm_runtime_config):
     observer = RecordingObserver()
-    engine = VLLMEngine(tiny_model, vllm_runtime_config(tiny_checkpoint, max_num_seqs=MAX_NUM_SEQS),
-                        observer=observer)
+    # Prefix caching on: the speaker-salt test below needs it (the others do not care).
+    engine = VLLMEngine(tiny_model, vllm_runtime_config(tiny_checkpoint, max_num_seqs=MAX_NUM_SEQS,
+                                                        enable_prefix_caching=True), observer=observer)
     await engine.start()
     yield engine
     await engine.stop()
@@ -168,3 +169,20 @@ async def test_deadline_wait_grows_for_requests_beyond_max_num_seqs(vllm_engine,
     # The last third can only start once earlier requests finished 60 frames each.
     assert last_wave > first_wave + 0.05, (first_wave, last_wave)
     assert max(observer.batches) <= MAX_NUM_SEQS
+
+
+async def test_prefix_cache_does_not_mix_speakers(vllm_engine, tiny_model):
+    """Same prompt ids, other speaker vector: a cached prefix must not be reused (cache_salt)."""
+    assert vllm_engine._llm.vllm_config.cache_config.enable_prefix_caching
+    text = "a long prompt that fills several kv cache blocks, shared by two different voices."
+    params = SamplingParams(temperature=0, min_new_frames=20, max_new_frames=20)
+    reqs = []
+    for i, voice in enumerate(["alloy", "onyx", "alloy"]):
+        prompt = tiny_model.tokenizer.build(text, with_speaker=True)
+        assert len(prompt.input_ids) > 48
+        reqs.append(SynthesisRequest(f"salt-{i}", prompt.input_ids, tiny_model.speaker_for(voice).numpy(), params))
+    got = [(await collect(vllm_engine, [r]))[0][0] for r in reqs]  # one after another: later ones may hit the cache
+    expected = await run_reference(tiny_model, reqs)
+    for i, (have, (want, _, _)) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(have, want, err_msg=f"request {i}")
+    assert not np.array_equal(got[0], got[1])  # the speakers really differ

@@ -171,6 +171,7 @@ class VLLMEngine(Engine):
         self._llm = None
         self._live: dict[str, _Live] = {}
         self._stopping = False
+        self._dead: str | None = None  # vLLM's engine core died: nothing more can be served
         self.max_model_len = config.engine.max_model_len
 
     @classmethod
@@ -206,6 +207,11 @@ class VLLMEngine(Engine):
         return {"engine": self.name, "vllm_args": self.cli_args, "max_waiting": self.max_waiting}
 
     @property
+    def dead(self) -> str | None:
+        """Why the engine can serve no more (vLLM's engine core died), else None."""
+        return self._dead
+
+    @property
     def num_waiting(self) -> int:
         return sum(1 for live in self._live.values() if not live.scheduled)
 
@@ -220,6 +226,8 @@ class VLLMEngine(Engine):
             raise EngineError("engine not started")
         if self._stopping:
             raise EngineStopped("engine is stopping")
+        if self._dead is not None:
+            raise EngineStopped(f"the vLLM engine core died: {self._dead}")
         if request.want_hidden:
             raise EngineError("the vllm engine streams audio codes only (no GPT hidden states)")
         if len(request.prompt_ids) + 1 > self.max_model_len:
@@ -314,6 +322,10 @@ class VLLMEngine(Engine):
                 except Exception:  # the engine may be shutting down
                     log.debug("abort of %s failed", rid, exc_info=True)
         except Exception as err:  # one bad request must not take the others down
+            from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+            if isinstance(err, EngineDeadError) and self._dead is None:
+                self._dead = str(err)
             log.exception("vllm request %s failed", rid)
             final = FrameChunk(empty, finished=True, finish_reason="error", error=str(err))
         finally:
