@@ -505,7 +505,10 @@ class LocalCluster(ClusterHandle):
         if not cmdline and child is not None and child.pid == pid and child.returncode is None:
             # Our own child in the middle of exec: the new command line is not set up yet.
             return pid
-        if process_state(pid) in (None, "Z") or not cmdline or Path(cmdline[0]).name != component \
+        # The binary must be this cluster's: after a version bump, a kept cluster running
+        # older binaries counts as stopped (start() then replaces it, stop() sweeps it).
+        if process_state(pid) in (None, "Z") or not cmdline \
+                or os.path.abspath(cmdline[0]) != os.path.abspath(self.bin_dir / component) \
                 or not any(str(self.dir) in arg for arg in cmdline):
             return None
         return pid
@@ -656,9 +659,11 @@ class LocalCluster(ClusterHandle):
             if not pki_complete(self.pki):
                 shutil.rmtree(self.pki, ignore_errors=True)
                 write_pki(self.pki)
-            self.state_file.write_text(json.dumps({
+            state = self.state_file.with_suffix(".tmp")
+            state.write_text(json.dumps({
                 "name": self.name, "bin_dir": str(self.bin_dir), "ports": vars(Ports.allocate()),
                 "started": dt.datetime.now(dt.timezone.utc).isoformat()}, indent=2))
+            state.replace(self.state_file)  # readers never see a half-written file
             self._write_configs()
             deadline = time.monotonic() + timeout
             try:
