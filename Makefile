@@ -24,3 +24,9 @@ test: venv vllm-venv binaries
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
+
+cluster-up: venv binaries
+	$(PY) hack/cluster/localcluster.py up
+
+cluster-down:
+	$(PY) hack/cluster/localcluster.py down
