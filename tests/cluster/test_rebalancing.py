@@ -361,6 +361,9 @@ def test_a_day_compressed_into_minutes(cluster, namespace, gpu_pool, operator, m
         assert night["status"]["nextChange"] == "2026-06-01T08:00:00Z"
         assert night["status"]["budget"] == {"onlineMiB": 60_000, "offlineMiB": 40_000}
         seen = len(night["status"].get("lastActions", []))
+        printed = cluster.kubectl("get", "gsp", policy_name).stdout
+        assert all(column in printed for column in ("WINDOW", "ONLINE%", "OFFLINE%", "USED-MIB", "NEXT-CHANGE"))
+        assert "night" in printed
         # Settled: passes keep running (every 0.5 s here) and write nothing.
         before = kjson(cluster, "get", "gpusharepolicy", policy_name)
         time.sleep(3)
@@ -627,3 +630,12 @@ def test_two_policies_over_the_same_nodes(cluster, namespace, gpu_pool, operator
         wait_until(lambda: (c := valid(first)) and c["status"] == "True", "the first policy valid again")
     finally:
         cluster.kubectl("delete", "gpusharepolicy", first, second, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_the_examples_are_accepted_by_the_api_server(cluster, namespace):
+    install_crds(cluster)
+    examples = REPO / "deploy" / "examples"
+    for path in sorted(examples.glob("gpusharepolicy*.yaml")):
+        scope = [] if yaml.safe_load(path.read_text())["kind"] == "GPUSharePolicy" else ["-n", namespace]
+        result = cluster.kubectl("apply", "--dry-run=server", *scope, "-f", str(path), check=False)
+        assert result.returncode == 0, f"{path.name}: {result.stderr}"
