@@ -210,7 +210,10 @@ async def ensure_priority_classes(logger: logging.Logger, **_: Any) -> None:
                 logger.info("created PriorityClass %s", name)
             except ApiException as err:
                 if err.status != 409:
-                    raise
+                    # Not fatal: serving and rebalancing work without them; only preemption is lost.
+                    logger.error("cannot create PriorityClass %s (%s %s): online pods will not preempt offline ones",
+                                 name, err.status, err.reason)
+                    continue
                 live = await _json(scheduling.read_priority_class, name)
                 if live.get("value") != manifest["value"]:
                     # value is immutable: say so instead of fighting over it.
