@@ -49,3 +49,10 @@ def test_streamed_audio_matches_whole_decoding_in_length_and_level(endless_check
     # the whole-utterance decode; the signal level must not.
     rms_whole, rms_streamed = np.sqrt(np.mean(whole ** 2)), np.sqrt(np.mean(streamed ** 2))
     assert 0.5 < rms_streamed / rms_whole < 2.0
+
+
+def test_prompt_longer_than_max_model_len_is_a_400(tiny_model):
+    service = make_service(tiny_model)
+    with pytest.raises(APIError) as err:
+        service.prepare(SpeechRequest(model="chattts", input="long words " * 30, voice="alloy"))
+    assert err.value.status == 400 and err.value.param == "input" and "max_model_len" in err.value.message
