@@ -48,8 +48,13 @@ def test_rendered_chart_is_accepted_by_the_api_server(cluster, namespace, helm: 
     rendered = helm.template(values, release="dry", namespace=namespace).stdout
     kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered) if doc}
     assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ConfigMap"} <= kinds
+    # The operator pod meets the "restricted" Pod Security Standard: the API server's PodSecurity
+    # admission warns about a Deployment whose pods would violate it.
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/warn=restricted")
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert "(server dry run)" in result.stdout
+    assert "PodSecurity" not in result.stderr, result.stderr
     # Nothing was written.
     assert cluster.kubectl("get", "deployment", "-n", namespace, "-l", f"{INSTANCE_LABEL}=dry",
                            "-o", "name").stdout.strip() == ""
