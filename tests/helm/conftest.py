@@ -14,7 +14,8 @@ import yaml
 import localcluster
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "chattts-operator"
+# CHATTTS_CHART_DIR: test another copy of the chart (a packaged release, or a modified one).
+CHART = Path(os.environ.get("CHATTTS_CHART_DIR") or REPO / "deploy" / "helm" / "chattts-operator")
 # The control plane's version: `helm template` otherwise assumes an old default and the
 # chart's kubeVersion constraint refuses it.
 KUBE_VERSION = localcluster.read_versions()["KUBERNETES_VERSION"]
