@@ -95,6 +95,20 @@ def converged(obj: dict[str, Any]) -> bool:
             and st.get("phase") == want and st.get("readyReplicas", 0) == obj["spec"]["replicas"])
 
 
+def describe(kubectl, namespace: str, names: list[str], children: dict[str, dict[str, str]]) -> str:
+    """For a failure message: the status and the children of these objects."""
+    out = []
+    for name in names:
+        obj = json.loads(kubectl("get", "ctd", name, "-n", namespace, "-o", "json").stdout)
+        have = [kind for kind in CHILD_KINDS if (f"{name}-runtime" if kind == "configmaps" else name) in children[kind]]
+        st = obj.get("status") or {}
+        out.append(f"{name}: generation {obj['metadata']['generation']}, status "
+                   f"{ {k: st.get(k) for k in ('observedGeneration', 'appliedGeneration', 'phase')} }, "
+                   f"conditions {[(c['type'], c['status'], c['reason']) for c in st.get('conditions') or []]}, "
+                   f"annotations {sorted((obj['metadata'].get('annotations') or {}))}, children {have}")
+    return "; ".join(out)
+
+
 def all_converged(kubectl, namespace: str, count: int) -> list[dict[str, Any]] | None:
     items = kube_list(kubectl, namespace, "ctd")
     return items if len(items) == count and all(converged(o) for o in items) else None
@@ -141,8 +155,10 @@ def test_kill9_mid_reconcile_of_200_converges_without_duplicates_or_gaps(crds, n
     final = children_by_kind(kubectl, namespace)
     for kind in CHILD_KINDS:
         expected = {f"{n}-runtime" if kind == "configmaps" else n for n in names}
-        assert set(final[kind]) == expected, f"{kind}: missing {expected - set(final[kind])}, " \
-                                             f"extra {set(final[kind]) - expected}"
+        missing_names = sorted(expected - set(final[kind]))
+        assert set(final[kind]) == expected, (
+            f"{kind}: {len(missing_names)} missing, extra {set(final[kind]) - expected}; "
+            + describe(kubectl, namespace, [n.removesuffix("-runtime") for n in missing_names[:2]], final))
         for name, uid in seen[kind].items():
             assert final[kind][name] == uid, f"{kind} {name} was recreated after the restart"
     # One ReplicaSet per Deployment: no Deployment was rolled twice (a changed template would
