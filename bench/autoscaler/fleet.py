@@ -3,9 +3,10 @@
 Model (every number is a parameter of ``FleetModel``; the defaults and their sources are
 in ``calibration()``):
 - A replica runs at most ``slots`` requests at once (the engine's maxNumSeqs). A request
-  needs ``frames`` decode steps; its service time is fixed when it starts:
-  ``frames * step_seconds(batch) * pipeline_factor``, where ``step_seconds`` interpolates the
-  measured step time per batch size and ``batch`` is the replica's batch after admission.
+  needs ``frames`` decode steps; every running request gets one frame per engine step,
+  and a step lasts ``step_seconds(batch) * pipeline_factor`` for the replica's current
+  batch (interpolated from the measured step time per batch size), so a request slows
+  down when others join its replica and speeds up when they leave.
 - A request that finds a free slot starts at the next step boundary (a uniform fraction
   of one step); otherwise it queues FIFO on that replica until a slot frees.
   scheduler_deadline_wait = start - arrival, as the runtime defines it.
@@ -65,6 +66,13 @@ class _Replica:
     removed: bool = False
     running: int = 0
     queue: deque = field(default_factory=deque)
+    # Every running request advances one frame per engine step, and a step's duration
+    # depends on the batch: ``frames_done`` counts the frames every running request has
+    # received since the replica started; a request ends when it reaches its own mark.
+    frames_done: float = 0.0
+    updated_at: float = 0.0
+    marks: list = field(default_factory=list)  # heap of (frames_done at its end, request)
+    version: int = 0  # completion events of older versions are stale
 
 
 @dataclass
@@ -93,7 +101,7 @@ def simulate(
 
     replicas: list[_Replica] = [_Replica(ready_at=0.0) for _ in range(initial_replicas)]
     routable: list[int] = list(range(initial_replicas))
-    events: list[tuple[float, int, int]] = []  # (time, kind, replica); kind 0 = completion, 1 = ready
+    events: list[tuple[float, int, int, int]] = []  # (time, kind, replica, version); kind 0 = completion, 1 = ready
     started: deque = deque()  # (start time, wait) in time order, for the window quantile
     timeline: list[tuple[float, int, int, float]] = []
     changes: list[tuple[float, int]] = []
@@ -101,25 +109,48 @@ def simulate(
     factor = model.pipeline_factor
     slots = model.slots
 
+    def advance(rep: _Replica, now: float) -> None:
+        if rep.running:
+            rep.frames_done += (now - rep.updated_at) / (step(rep.running) * factor)
+        rep.updated_at = now
+
+    def reschedule(rid: int, now: float) -> None:
+        rep = replicas[rid]
+        rep.version += 1
+        if rep.marks:
+            left = max(rep.marks[0][0] - rep.frames_done, 0.0)
+            heapq.heappush(events, (now + left * step(rep.running) * factor, 0, rid, rep.version))
+
     def start(rid: int, req: int, now: float) -> None:
         rep = replicas[rid]
+        advance(rep, now)
         rep.running += 1
         step_now = step(rep.running)
+        # It joins at the next step boundary: that part of a step is part of its wait.
         begin = now + phase_draw[req] * step_now
         wait = begin - arrivals[req]
         waits[req] = wait
         started.append((begin, wait))
-        heapq.heappush(events, (begin + frames[req] * step_now * factor, 0, rid))
+        heapq.heappush(rep.marks, (rep.frames_done + frames[req], req))
 
-    def handle(time: float, kind: int, rid: int) -> None:
+    def handle(time: float, kind: int, rid: int, version: int) -> None:
         rep = replicas[rid]
         if kind == 1:
             if not rep.removed:
                 routable.append(rid)
+            while rep.queue and rep.running < slots:  # requests that waited for a first replica
+                start(rid, rep.queue.popleft(), time)
+            reschedule(rid, time)
             return
-        rep.running -= 1
-        if rep.queue:
+        if version != rep.version:
+            return  # the batch changed since this completion was planned
+        advance(rep, time)
+        while rep.marks and rep.marks[0][0] <= rep.frames_done + 1e-6:
+            heapq.heappop(rep.marks)
+            rep.running -= 1
+        while rep.queue and rep.running < slots:
             start(rid, rep.queue.popleft(), time)
+        reschedule(rid, time)
 
     def sample(now: float) -> FleetSample:
         while started and started[0][0] < now - model.window_seconds:
@@ -142,7 +173,7 @@ def simulate(
         if desired > len(current):
             for _ in range(desired - len(current)):
                 replicas.append(_Replica(ready_at=now + model.cold_start_seconds))
-                heapq.heappush(events, (now + model.cold_start_seconds, 1, len(replicas) - 1))
+                heapq.heappush(events, (now + model.cold_start_seconds, 1, len(replicas) - 1, 0))
         elif desired < len(current):
             # Like a ReplicaSet: not-yet-ready pods go first, then the newest.
             victims = sorted(current, key=lambda i: (replicas[i].ready_at <= now, -i))[: len(current) - desired]
@@ -164,8 +195,8 @@ def simulate(
         if now > duration:
             break
         if now == next_event:  # completions and readiness first: a sync at the same instant sees them
-            time, kind, rid = heapq.heappop(events)
-            handle(time, kind, rid)
+            time, kind, rid, version = heapq.heappop(events)
+            handle(time, kind, rid, version)
         elif now == next_sync:
             current = sum(1 for r in replicas if not r.removed)
             replica_seconds += current * (now - last_time)
@@ -181,6 +212,7 @@ def simulate(
                 rep = replicas[rid]
                 if rep.running < slots:
                     start(rid, req, now)
+                    reschedule(rid, now)
                 else:
                     rep.queue.append(req)
             else:

@@ -42,7 +42,7 @@ def _smooth_noise(length: int, rng: np.random.Generator, scale: float, period: i
     return np.exp(out - scale * scale / 2)
 
 
-def diurnal(seed: int = 1, peak: float = 24.0) -> Trace:
+def diurnal(seed: int = 1, peak: float = 24.0, rate_scale: float = 1.0) -> Trace:
     """A day: quiet night, morning rise, midday plateau, evening peak, noise that drifts."""
     rng = np.random.default_rng(seed)
     t = np.arange(24 * 3600) / 3600.0
@@ -52,16 +52,16 @@ def diurnal(seed: int = 1, peak: float = 24.0) -> Trace:
         + 0.45 * np.exp(-((t - 14.5) / 2.5) ** 2)
         + 0.85 * np.exp(-((t - 20.0) / 1.8) ** 2)
     )
-    rate = peak * shape / shape.max() * _smooth_noise(len(t), rng, 0.12)
+    rate = rate_scale * peak * shape / shape.max() * _smooth_noise(len(t), rng, 0.12)
     arrivals = _arrivals(rate, rng)
     return Trace("diurnal", "diurnal day (24 h)", float(len(t)), rate, arrivals, _frames(len(arrivals), rng))
 
 
-def bursts(seed: int = 2, base: float = 6.0) -> Trace:
+def bursts(seed: int = 2, base: float = 6.0, rate_scale: float = 1.0) -> Trace:
     """Three hours at a steady base with sudden bursts of 2.5-4x lasting 4-15 minutes."""
     rng = np.random.default_rng(seed)
     length = 3 * 3600
-    rate = np.full(length, base) * _smooth_noise(length, rng, 0.08)
+    rate = np.full(length, base * rate_scale) * _smooth_noise(length, rng, 0.08)
     start = 600
     while start < length - 900:
         span = int(rng.uniform(240, 900))
@@ -71,7 +71,7 @@ def bursts(seed: int = 2, base: float = 6.0) -> Trace:
     return Trace("bursts", "sudden bursts (3 h)", float(length), rate, arrivals, _frames(len(arrivals), rng))
 
 
-def ramp(seed: int = 3, low: float = 2.0, high: float = 24.0) -> Trace:
+def ramp(seed: int = 3, low: float = 2.0, high: float = 24.0, rate_scale: float = 1.0) -> Trace:
     """Four hours: a slow ramp from low to high over 2.5 h, a plateau, then back down."""
     rng = np.random.default_rng(seed)
     length = 4 * 3600
@@ -81,7 +81,7 @@ def ramp(seed: int = 3, low: float = 2.0, high: float = 24.0) -> Trace:
         t < up, low + (high - low) * t / up,
         np.where(t < up + plateau, high, high - (high - low) * (t - up - plateau) / (length - up - plateau)),
     )
-    rate = shape * _smooth_noise(length, rng, 0.06)
+    rate = rate_scale * shape * _smooth_noise(length, rng, 0.06)
     arrivals = _arrivals(rate, rng)
     return Trace("ramp", "slow ramp up and down (4 h)", float(length), rate, arrivals, _frames(len(arrivals), rng))
 

@@ -38,6 +38,16 @@ def test_queueing_on_one_slot_is_exact():
     assert w[2] == pytest.approx(w[1] + 0.5 + 1.0 - 0.6, abs=0.0101)  # arrived at 0.6
 
 
+def test_a_request_slows_down_while_another_shares_its_replica():
+    model = FleetModel(slots=2, step_table=((1, 0.01), (2, 0.02)), pipeline_factor=1.0, cold_start_seconds=30.0)
+    arrivals = np.array([0.0, 0.5, 0.6])
+    frames = np.array([100.0, 100.0, 10.0])
+    result = simulate(model, arrivals, frames, Fixed(1), 1, 10.0, seed=0)
+    # A runs alone at 10 ms a frame for 0.5 s (50 frames), then shares: 20 ms a frame for its
+    # last 50 frames, ending at 1.5 s. C, queued at 0.6 s behind the two, starts then.
+    assert result.waits[2] == pytest.approx(1.5 - 0.6, abs=0.03)
+
+
 def test_random_routing_and_new_replicas_after_cold_start():
     arrivals = np.arange(0.0, 120.0, 0.08)
     frames = np.full(len(arrivals), 10.0)  # 0.1 s each: 1.25 requests in flight on average
