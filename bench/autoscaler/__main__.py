@@ -47,7 +47,7 @@ def anchor_calibration() -> Calibration:
             "Step time per batch size: the ChatTTS-shaped GPT decode step on one H200 with CUDA-graph "
             "replay (shared/anchors/README.md: 2.32 ms at batch 1, 2.52 at 16, 2.83 at 64, 3.88 at 256), "
             "times 1.5 for the decoder and vocoder sharing the GPU (an assumption): the engine the project "
-            "aims for. Target 5 ms (the default: about two such steps)."
+            "aims for. Target 5 ms, the default (under two such steps)."
         ),
     )
 
