@@ -34,9 +34,10 @@ class OperatorProcess:
     instances = 0  # log files of every instance and start stay apart
 
     def __init__(self, kubeconfig: Path | str, log_dir: Path, namespaces: tuple[str, ...] = (),
-                 verbose: bool = False, **settings: str) -> None:
+                 verbose: bool = False, module: str = "chattts_operator", **settings: str) -> None:
         self.namespaces = namespaces  # empty: the whole cluster (the chart's default)
         self.verbose = verbose  # kopf's DEBUG log (watch restarts after 410 Gone are logged there)
+        self.module = module  # what `python -m` runs: the operator, or an experiment variant of it
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_port = free_port()
@@ -69,7 +70,7 @@ class OperatorProcess:
         scope = [arg for ns in self.namespaces for arg in ("--namespace", ns)] or ["--all-namespaces"]
         self._log = open(self.log_path, "w")
         flags = ["--verbose"] if self.verbose else []
-        self.proc = subprocess.Popen([sys.executable, "-m", "chattts_operator", "run", *scope, *flags],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run", *scope, *flags],
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         if wait:
             self.wait_healthy(timeout)

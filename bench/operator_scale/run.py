@@ -92,10 +92,10 @@ class Bench:
             return created
         return await bounded_gather([lambda i=i: one(i) for i in range(n)], self.concurrency)
 
-    def start_operator(self, **settings: str) -> OperatorProcess:
+    def start_operator(self, module: str = "chattts_operator", **settings: str) -> OperatorProcess:
         if self.operator is not None:
             self.operator.stop()
-        self.operator = OperatorProcess(self.cluster.kubeconfig, self.log_dir, **settings)
+        self.operator = OperatorProcess(self.cluster.kubeconfig, self.log_dir, module=module, **settings)
         self.operator.start()
         return self.operator
 
@@ -224,17 +224,20 @@ class Bench:
 
     # --- phase: restart (resume storm), footprint --------------------------------------------------
 
-    async def restart(self, managed: int, label: str, **settings: str) -> dict[str, Any]:
+    async def restart(self, managed: int, label: str, module: str = "chattts_operator",
+                      **settings: str) -> dict[str, Any]:
         if self.operator is not None:
             self.operator.stop()
         before = await self.api_counts()
         t0 = time.monotonic()
-        op = self.start_operator(**settings)
+        op = self.start_operator(module, **settings)
         t_healthy = time.monotonic() - t0
         timeout = self.remaining(300)
         resumed = 0.0
         while time.monotonic() - t0 < timeout:
-            resumed = op.metric_sum("chattts_operator_reconciles_total", trigger="resume")
+            # Objects kopf had handled before come back as resumes; new ones as creates.
+            resumed = (op.metric_sum("chattts_operator_reconciles_total", trigger="resume")
+                       + op.metric_sum("chattts_operator_reconciles_total", trigger="create"))
             if resumed >= managed:
                 break
             await asyncio.sleep(0.25)
@@ -249,7 +252,7 @@ class Bench:
         await asyncio.sleep(idle_seconds)
         idle_end = op.proc_sample()
         result = {
-            "label": label, "managed": managed, "loadavg_1m": loadavg(),
+            "label": label, "module": module, "managed": managed, "loadavg_1m": loadavg(),
             "seconds_to_healthy": round(t_healthy, 2), "seconds_to_resume_all": round(t_resumed, 2),
             "resumed": int(resumed), "timed_out": resumed < managed,
             "startup_cpu_seconds": round(startup.cpu_seconds, 1),
