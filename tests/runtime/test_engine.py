@@ -127,3 +127,36 @@ def test_abandoned_stream_is_aborted_and_engine_keeps_serving(tiny_model):
     assert running == 0
     assert frames[-1].finished and sum(len(f.codes) for f in frames) >= 1
     assert np.all(np.concatenate([f.codes for f in frames]) < 625)
+
+
+def test_sampling_filters():
+    import torch
+
+    from chattts_runtime.engines.reference import _Sequence, sample_codes
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 626)
+    eos = 625
+    logits[:, :, eos] = 100.0  # the end code dominates
+
+    def seq(**p):
+        s = _Sequence(SynthesisRequest("x", (1,), None, SamplingParams(**p)))
+        s.generator = torch.Generator().manual_seed(1)
+        return s
+
+    # min_new_frames forbids the end code; greedy then takes the best other code
+    greedy_blocked = sample_codes(logits.clone(), [seq(temperature=0, min_new_frames=1)] * 3, eos)
+    expected = logits[:, :, :eos].argmax(-1)
+    assert torch.equal(greedy_blocked, expected)
+    # top_k=1 sampling is greedy
+    top1 = sample_codes(logits.clone(), [seq(temperature=1.0, top_k=1, min_new_frames=1) for _ in range(3)], eos)
+    assert torch.equal(top1, expected)
+    # a tiny top_p keeps only the best code too
+    tiny_p = sample_codes(logits.clone(), [seq(temperature=1.0, top_p=1e-6, top_k=0, min_new_frames=1)
+                                           for _ in range(3)], eos)
+    assert torch.equal(tiny_p, expected)
+    # top_k=20: every sampled code is among each codebook's 20 best
+    wide = sample_codes(logits.clone(), [seq(temperature=1.0, top_k=20, top_p=1.0, min_new_frames=1)
+                                         for _ in range(3)], eos)
+    best20 = logits[:, :, :eos].topk(20, dim=-1).indices
+    assert bool((best20 == wide[..., None]).any(-1).all())
