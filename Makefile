@@ -30,3 +30,15 @@ cluster-up: venv binaries
 
 cluster-down:
 	$(PY) hack/cluster/localcluster.py down
+
+# The main job on an embedded default: local cluster + chart + operator + sample ChatTTSDeployments.
+demo: venv binaries
+	hack/demo.sh
+
+demo-down:
+	hack/demo-down.sh
+
+bench: venv binaries
+	$(PY) -m bench.runtime
+	$(PY) -m bench.autoscaler
+	$(PY) -m bench.operator_scale
