@@ -310,3 +310,34 @@ def test_batch_token_tuning_raises_at_max_replicas_and_lowers_when_quiet(cluster
         op.stop()
         print(f"--- operator log ---\n{op.log_tail(80)}")
         kubectl("delete", "-n", namespace, "ctd", "--all", "--wait=false", check=False)
+
+
+BAD_AUTOSCALING = [
+    ({"enabled": True, "minReplicas": 3, "maxReplicas": 2}, "minReplicas must not exceed autoscaling.maxReplicas"),
+    ({"enabled": True}, "maxReplicas is required when autoscaling.enabled is true"),
+    ({"enabled": True, "maxReplicas": 2, "targetSchedulerDeadlineWait": "5"}, "targetSchedulerDeadlineWait"),
+    ({"enabled": True, "maxReplicas": 2, "metrics": {"type": "prometheus"}}, "needs metrics.prometheus.url"),
+    ({"enabled": True, "maxReplicas": 2, "metrics": {"type": "prometheus", "prometheus": {
+        "url": "http://p:9090", "query": 'up{job="$job"}'}}}, "unknown placeholder"),
+    ({"enabled": True, "maxReplicas": 2, "batchTokenTuning": {"enabled": True}}, "cap is required"),
+    ({"enabled": True, "maxReplicas": 2, "batchTokenTuning": {"step": 2048, "cap": 1024}}, "cap must be at least step"),
+    ({"enabled": True, "maxReplicas": 2, "behavior": {"scaleUp": {"selectPolicy": "Sometimes"}}}, "selectPolicy"),
+]
+
+
+def test_bad_autoscaling_specs_are_rejected_at_apply_time(cluster, namespace):
+    """The API server itself refuses them (schema and CEL), with a message naming the problem."""
+    kubectl = cluster.kubectl
+    install_crds(cluster)
+    for autoscaling, message in BAD_AUTOSCALING:
+        obj = ctd("bad", autoscaling=autoscaling)
+        result = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(obj), check=False)
+        assert result.returncode != 0, f"accepted: {autoscaling}"
+        assert message in result.stderr, (autoscaling, result.stderr)
+    # The same shapes, made valid, are accepted ($$ is a literal dollar in a query).
+    good = ctd("good", autoscaling={
+        "enabled": True, "minReplicas": 1, "maxReplicas": 2,
+        "metrics": {"type": "prometheus", "prometheus": {
+            "url": "http://p:9090", "query": 'max(x{namespace="$namespace",${selector}}) * $$5 + $quantile'}},
+        "batchTokenTuning": {"enabled": True, "step": 1024, "cap": 16384}})
+    kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(good))

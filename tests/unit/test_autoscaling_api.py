@@ -55,6 +55,8 @@ def test_camel_case_round_trip():
          "unknown placeholders ['job']"),
         ({"maxReplicas": 2, "metrics": {"type": "prometheus",
                                         "prometheus": {"url": "http://p:9090", "query": "up * $"}}}, "stray '$'"),
+        ({"maxReplicas": 2, "metrics": {"type": "prometheus",
+                                        "prometheus": {"url": "http://p:9090", "query": "x" * 4097}}}, "at most 4096"),
         ({"maxReplicas": 2, "batchTokenTuning": {"enabled": True}}, "cap is required"),
         ({"maxReplicas": 2, "batchTokenTuning": {"step": 2048, "cap": 1024}}, "at least step"),
         ({"maxReplicas": 2, "behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 0, "periodSeconds": 15}]}}},

@@ -192,6 +192,21 @@ class PodsMetricSource(_SpecModel):
 class PrometheusMetricSource(_SpecModel):
     """Ask a Prometheus server (HTTP API, instant query) for the wait quantile."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # The same check as the validator below, at apply time ($$ is a literal $).
+                    "rule": "self.query.replace('$$', '').findAll('[$][{]?[A-Za-z_][A-Za-z0-9_]*')"
+                            ".all(p, p.replace('{', '') in "
+                            + "[" + ", ".join(f"'${name}'" for name in sorted(QUERY_PLACEHOLDERS)) + "])",
+                    "message": "metrics.prometheus.query uses an unknown placeholder; known: "
+                               + ", ".join(f"${name}" for name in sorted(QUERY_PLACEHOLDERS)),
+                },
+            ]
+        }
+    )
+
     url: str = Field(
         pattern=r"^https?://",
         description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.",
@@ -199,6 +214,7 @@ class PrometheusMetricSource(_SpecModel):
     query: str = Field(
         DEFAULT_PROMETHEUS_QUERY,
         min_length=1,
+        max_length=4096,
         description=(
             "PromQL returning one scalar: the fleet's scheduler_deadline_wait in seconds. "
             "Placeholders: $namespace, $name (the ChatTTSDeployment), $window (the evaluation "
