@@ -40,7 +40,8 @@ async def vllm_engine(tiny_checkpoint, tiny_model, vllm_runtime_config):
     observer = RecordingObserver()
     # Prefix caching on: the speaker-salt test below needs it (the others do not care).
     engine = VLLMEngine(tiny_model, vllm_runtime_config(tiny_checkpoint, max_num_seqs=MAX_NUM_SEQS,
-                                                        enable_prefix_caching=True), observer=observer)
+                                                        enable_prefix_caching=True, extra_args=["--block-size=32"]),
+                        observer=observer)
     await engine.start()
     yield engine
     await engine.stop()
@@ -172,17 +173,22 @@ async def test_deadline_wait_grows_for_requests_beyond_max_num_seqs(vllm_engine,
 
 
 async def test_prefix_cache_does_not_mix_speakers(vllm_engine, tiny_model):
-    """Same prompt ids, other speaker vector: a cached prefix must not be reused (cache_salt)."""
+    """Same prompt ids, other speaker vector: the cached prefix must not be reused (cache_salt)."""
     assert vllm_engine._llm.vllm_config.cache_config.enable_prefix_caching
     text = "a long prompt that fills several kv cache blocks, shared by two different voices."
     params = SamplingParams(temperature=0, min_new_frames=20, max_new_frames=20)
     reqs = []
     for i, voice in enumerate(["alloy", "onyx", "alloy"]):
         prompt = tiny_model.tokenizer.build(text, with_speaker=True)
-        assert len(prompt.input_ids) > 48
+        assert len(prompt.input_ids) > 64  # two full 32-token blocks
         reqs.append(SynthesisRequest(f"salt-{i}", prompt.input_ids, tiny_model.speaker_for(voice).numpy(), params))
-    got = [(await collect(vllm_engine, [r]))[0][0] for r in reqs]  # one after another: later ones may hit the cache
+    got, cached = [], []
+    for req in reqs:  # one after another, so later requests can find earlier prefixes
+        before = vllm_engine.cached_prompt_tokens
+        got.append((await collect(vllm_engine, [req]))[0][0])
+        cached.append(vllm_engine.cached_prompt_tokens - before)
+    assert cached[1] == 0, "another speaker must not reuse the first speaker's prompt KV"
+    assert cached[2] > 0, "the same speaker and prompt should hit the prefix cache"
     expected = await run_reference(tiny_model, reqs)
     for i, (have, (want, _, _)) in enumerate(zip(got, expected)):
         np.testing.assert_array_equal(have, want, err_msg=f"request {i}")
-    assert not np.array_equal(got[0], got[1])  # the speakers really differ

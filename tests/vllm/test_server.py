@@ -136,7 +136,7 @@ def test_audio_streams_in_chunks(servers):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
-    assert len(deltas) == FRAMES // 12 and events[-1]["type"] == "speech.audio.done"
+    assert len(deltas) >= FRAMES // 12 and events[-1]["type"] == "speech.audio.done"
     assert len(b"".join(base64.b64decode(e["audio"]) for e in deltas)) == PCM_BYTES
 
 

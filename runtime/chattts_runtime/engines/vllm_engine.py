@@ -173,6 +173,8 @@ class VLLMEngine(Engine):
         self._stopping = False
         self._dead: str | None = None  # vLLM's engine core died: nothing more can be served
         self.max_model_len = config.engine.max_model_len
+        # Prompt tokens whose KV came from vLLM's prefix cache (summed over requests).
+        self.cached_prompt_tokens = 0
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model, observer: SchedulerObserver | None = None) -> "VLLMEngine":
@@ -301,6 +303,7 @@ class VLLMEngine(Engine):
                 if not live.scheduled:
                     live.scheduled = True
                     self.observer.on_scheduled(request, self._deadline_wait(request, out))
+                    self.cached_prompt_tokens += int(getattr(out, "num_cached_tokens", 0) or 0)
                 completion = out.outputs[0]
                 frames = self._frames(completion)
                 live.frames += len(frames)
