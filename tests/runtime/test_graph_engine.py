@@ -1,0 +1,198 @@
+"""The graph engine (static slots, graph-replayed steps) against the reference engine.
+
+On CPU the decode step runs eagerly, but through the same slot cache, bucketing and
+in-step sampling code that is captured into CUDA graphs on a GPU.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from chattts_runtime.engines.base import EngineError, SamplingParams, SynthesisRequest
+from chattts_runtime.engines.graph import (
+    MAX_REPETITION_WINDOW, GraphEngine, bucket_sizes, counter_uniforms, pick_bucket)
+from chattts_runtime.engines.reference import ReferenceEngine
+
+TEXTS = ["hello", "hello world, this is a longer sentence", "hi", "one two three four five six seven",
+         "你好世界", "a", "the quick brown fox jumps over the lazy dog", "12345 67890"]
+
+
+class Recorder:
+    def __init__(self):
+        self.waits: list[float] = []
+        self.batches: list[int] = []
+
+    def on_scheduled(self, request, wait_seconds):
+        self.waits.append(wait_seconds)
+
+    def on_step(self, batch_size):
+        self.batches.append(batch_size)
+
+
+def request(model, i, text, params):
+    prompt = model.tokenizer.build(text, with_speaker=True)
+    return SynthesisRequest(f"r{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
+
+
+async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, **engine_kw):
+    rec = Recorder()
+    engine = engine_cls(model, observer=rec, **engine_kw)
+    await engine.start()
+
+    async def one(i, text):
+        await asyncio.sleep(stagger * i)
+        frames, chunks, reason = [], [], None
+        async for chunk in engine.submit(request(model, i, text, params)):
+            chunks.append(len(chunk.codes))
+            frames.extend(chunk.codes.tolist())
+            reason = chunk.finish_reason
+        return frames, chunks, reason
+
+    try:
+        if concurrent:
+            results = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+        else:
+            results = [await one(i, t) for i, t in enumerate(texts)]
+    finally:
+        await engine.stop()
+    return results, rec
+
+
+def test_buckets():
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert bucket_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert bucket_sizes(2048, smallest=128) == [128, 256, 512, 1024, 2048]
+    assert pick_bucket([1, 2, 4], 3) == 4 and pick_bucket([1, 2, 4], 1) == 1
+    with pytest.raises(ValueError):
+        pick_bucket([1, 2, 4], 5)
+
+
+def test_counter_uniforms_are_uniform_and_a_function_of_seed_and_frame():
+    import torch
+
+    seeds = torch.arange(4000) * 7919 - 100
+    steps = torch.arange(4000) % 37
+    u = counter_uniforms(seeds, steps, 4)
+    assert u.shape == (4000, 4) and float(u.min()) >= 0 and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.02 and abs(float(u.var()) - 1 / 12) < 0.01
+    assert torch.equal(u[5:9], counter_uniforms(seeds[5:9], steps[5:9], 4))  # batch-independent
+    assert not torch.equal(u[:, 0], u[:, 1])  # heads draw differently
+    assert not torch.equal(counter_uniforms(seeds, steps + 1, 4), u)
+
+
+def test_greedy_codes_equal_the_reference_engine(tiny_model):
+    """Same codes and finish reasons, token for token, alone or with requests joining mid-run."""
+    params = SamplingParams(temperature=0, max_new_frames=40)
+    reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False))
+    alone, rec_alone = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS, params, concurrent=False,
+                                           max_num_seqs=8))
+    joined, rec_joined = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS, params, concurrent=True,
+                                             stagger=0.003, max_num_seqs=8))
+    assert max(rec_alone.batches) == 1
+    assert max(rec_joined.batches) >= 4  # requests really shared steps
+    assert len(rec_joined.waits) == len(TEXTS)
+    for (ref_codes, _, ref_reason), (a_codes, _, a_reason), (j_codes, _, j_reason) in zip(reference, alone, joined):
+        assert a_codes == ref_codes and j_codes == ref_codes
+        assert a_reason == ref_reason == j_reason
+    assert any(len(c) > 1 for c, _, _ in reference)
+    assert any(r == "eos" for _, _, r in reference)
+
+
+def test_slots_are_reused_when_requests_outnumber_them(tiny_model):
+    params = SamplingParams(temperature=0, max_new_frames=12)
+    reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False))
+    few_slots, rec = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS, params, concurrent=True, max_num_seqs=3))
+    assert max(rec.batches) <= 3
+    assert [r[0] for r in few_slots] == [r[0] for r in reference]
+
+
+def test_frames_come_in_chunks_and_respect_max_new_frames(tiny_model):
+    params = SamplingParams(temperature=0.5, seed=3, max_new_frames=10, min_new_frames=10)
+    [(frames, chunks, reason)], _ = asyncio.run(run_all(GraphEngine, tiny_model, ["streaming test"], params,
+                                                        concurrent=True, emit_frames=4))
+    assert len(frames) == 10 and reason == "length"
+    assert chunks == [4, 4, 2]
+    assert all(len(f) == 4 and all(0 <= c < 625 for c in f) for f in frames)
+
+
+def test_seeded_sampling_is_reproducible_across_batches(tiny_model):
+    params = SamplingParams(temperature=0.7, seed=11, max_new_frames=20)
+    a, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:3], params, concurrent=True))
+    b, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:3], params, concurrent=False))
+    assert [x[0] for x in a] == [x[0] for x in b]
+    other = SamplingParams(temperature=0.7, seed=12, max_new_frames=20)
+    c, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:3], other, concurrent=True))
+    assert [x[0] for x in c] != [x[0] for x in a]
+
+
+def test_top_k_one_without_penalty_is_greedy(tiny_model):
+    greedy = SamplingParams(temperature=0, max_new_frames=15)
+    top1 = SamplingParams(temperature=0.9, top_k=1, repetition_penalty=1.0, seed=5, max_new_frames=15)
+    a, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:4], greedy, concurrent=True))
+    b, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:4], top1, concurrent=True))
+    assert [x[0] for x in a] == [x[0] for x in b]
+
+
+def test_min_new_frames_blocks_the_end_code(tiny_model):
+    params = SamplingParams(temperature=0, max_new_frames=30, min_new_frames=30)
+    results, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS, params, concurrent=True))
+    assert all(len(f) == 30 and r == "length" for f, _, r in results)
+
+
+def test_max_model_len_ends_with_length_and_long_windows_are_refused(tiny_model):
+    async def reference_frames(params):
+        engine = ReferenceEngine(tiny_model, max_num_seqs=2, max_model_len=64)
+        await engine.start()
+        try:
+            return [c async for c in engine.submit(request(tiny_model, 2, "hi", params))]
+        finally:
+            await engine.stop()
+
+    async def scenario():
+        engine = GraphEngine(tiny_model, max_num_seqs=2, max_model_len=64)
+        await engine.start()
+        try:
+            with pytest.raises(EngineError, match="max_model_len"):
+                engine.submit(request(tiny_model, 0, "x " * 100, SamplingParams(temperature=0)))
+            with pytest.raises(EngineError, match="repetition_window"):
+                engine.submit(request(tiny_model, 1, "hi", SamplingParams(
+                    repetition_window=MAX_REPETITION_WINDOW + 1)))
+            prompt_len = len(tiny_model.tokenizer.build("hi", with_speaker=True).input_ids)
+            params = SamplingParams(temperature=0, max_new_frames=500, min_new_frames=500)
+            chunks = [c async for c in engine.submit(request(tiny_model, 2, "hi", params))]
+        finally:
+            await engine.stop()
+        return prompt_len, chunks, await reference_frames(params)
+
+    prompt_len, chunks, reference = asyncio.run(scenario())
+    assert chunks[-1].finish_reason == reference[-1].finish_reason == "length"
+    # The cache holds max_model_len positions: the prompt, then one per frame fed back (the last is not).
+    assert sum(len(c.codes) for c in chunks) == sum(len(c.codes) for c in reference) == 64 - prompt_len + 1
+    assert np.array_equal(np.concatenate([c.codes for c in chunks]), np.concatenate([c.codes for c in reference]))
+
+
+def test_abandoned_stream_frees_its_slot(tiny_model):
+    async def scenario():
+        engine = GraphEngine(tiny_model, max_num_seqs=1)
+        await engine.start()
+        params = SamplingParams(temperature=0, max_new_frames=200, min_new_frames=200)
+        stream = engine.submit(request(tiny_model, 0, "abandon me", params))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(200):
+            if engine.num_running == 0:
+                break
+            await asyncio.sleep(0.01)
+        running_after_abort = engine.num_running
+        frames = [c async for c in engine.submit(request(tiny_model, 1, "next", SamplingParams(
+            temperature=0, max_new_frames=5)))]
+        await engine.stop()
+        return running_after_abort, frames
+
+    running, frames = asyncio.run(scenario())
+    assert running == 0
+    assert frames[-1].finished and sum(len(f.codes) for f in frames) >= 1
+    assert np.all(np.concatenate([f.codes for f in frames]) < 625)
