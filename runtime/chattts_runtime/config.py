@@ -49,6 +49,7 @@ class EngineKind(str, Enum):
 
     VLLM = "vllm"
     REFERENCE = "reference"  # plain PyTorch engine: the baseline and the equality reference
+    GRAPH = "graph"  # static slot KV cache + CUDA graphs per batch/length bucket (engines/graph.py)
 
 
 class ModelSettings(_Strict):

@@ -159,6 +159,11 @@ def create_engine(config: RuntimeConfig, model, observer):
         return ReferenceEngine(model, max_num_seqs=config.engine.max_num_seqs,
                                max_waiting=config.server.max_queue, max_model_len=config.engine.max_model_len,
                                observer=observer)
+    if config.engine_kind == EngineKind.GRAPH:
+        from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+
+        return GraphEngine(model, max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
+                           max_model_len=config.engine.max_model_len, observer=observer)
     # The vLLM engine lives in engines/vllm* (its own issue); it takes the same arguments.
     from chattts_runtime.engines.vllm import VLLMEngine  # noqa: PLC0415
 
