@@ -70,13 +70,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path):
+def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
+                 engine: str = "reference", max_model_len: int = 4096):
     import yaml
 
     port = free_port()
     cfg = {
-        "model": {"path": str(checkpoint)}, "engine_kind": "reference", "device": device,
-        "engine": {"max_num_seqs": max_seqs, "max_model_len": 4096},
+        "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
+        "engine": {"max_num_seqs": max_seqs, "max_model_len": max_model_len},
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk},
     }
@@ -198,7 +199,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         "",
         f"Command: `{report['command']}`",
         "",
-        f"Model: `{p['size']}` random weights ({p['model']}), reference engine, {p['dtype']}, "
+        f"Model: `{p['size']}` random weights ({p['model']}), {p.get('engine', 'reference')} engine, {p['dtype']}, "
         f"{p['frames']} frames per request ({p['frames'] * 512 / SAMPLE_RATE:.2f} s of audio), streaming PCM "
         f"through the speech API, sampling (temperature 0.3). Environment: "
         f"{json.dumps(report['environment'])}.",
@@ -232,8 +233,9 @@ async def main_async(args) -> dict:
 
     g = load_model_sizes(checkpoint).gpt
     levels = [int(c) for c in args.concurrency.split(",")]
-    log = tmp / f"bench-server-{args.device}.log"
-    proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log)
+    log = tmp / f"bench-server-{args.device}-{args.engine}.log"
+    proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
+                             engine=args.engine, max_model_len=args.max_model_len)
     texts = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
     try:
         t0 = time.perf_counter()
@@ -258,7 +260,8 @@ async def main_async(args) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "python -m bench.runtime " + " ".join(sys.argv[1:]),
         "params": {"size": args.size, "frames": args.frames, "sequential": args.sequential, "rounds": args.rounds,
-                   "chunk_frames": args.chunk_frames, "dtype": "bfloat16" if args.device == "cuda" else "float32",
+                   "chunk_frames": args.chunk_frames, "engine": args.engine,
+                   "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
         "environment": environment(args.device),
         "server_startup_s": startup,
@@ -276,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequential", type=int, default=8, help="requests in the one-at-a-time baseline")
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency level")
     p.add_argument("--chunk-frames", type=int, default=24, help="frames per streamed audio chunk")
+    p.add_argument("--engine", default="reference", choices=("reference", "graph"),
+                   help="runtime engine_kind to serve with (graph: engines/graph.py)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
     p.add_argument("--tag", default=None, help="file name tag (default: <device>-<date>)")
     args = p.parse_args(argv)
     report = asyncio.run(main_async(args))

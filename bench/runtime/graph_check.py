@@ -1,0 +1,109 @@
+"""GPU check of the graph engine: graph replay equals eager steps, and raw step times per bucket.
+
+``python -m bench.runtime.graph_check --size full`` (needs CUDA). Prints and writes JSON
+(``--out``): whether greedy codes from replayed graphs equal the same engine's eager
+steps and how many frames agree with the reference engine (bf16 on GPU: kernels differ,
+so agreement is reported, not asserted), graph capture time, and the median time of one
+replayed decode step at batch 1/16/64/256 (length bucket 256), the engine-level
+counterpart of ``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from bench.runtime.__main__ import RESULTS, make_checkpoint
+
+
+async def generate(engine_cls, model, texts, params, **kw):
+    from chattts_runtime.engines.base import SynthesisRequest
+
+    engine = engine_cls(model, **kw)
+    await engine.start()
+
+    async def one(i, text):
+        prompt = model.tokenizer.build(text, with_speaker=True)
+        req = SynthesisRequest(f"c{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
+        return [f for c in [c async for c in engine.submit(req)] for f in c.codes.tolist()]
+
+    try:
+        return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts))), engine
+    finally:
+        await engine.stop()
+
+
+def main() -> int:
+    import torch
+
+    from chattts_runtime.engines.base import SamplingParams
+    from chattts_runtime.engines.graph import GraphEngine, decode_step
+    from chattts_runtime.engines.reference import ReferenceEngine
+    from chattts_runtime.model import load_chattts
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", default="full")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    ckpt = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
+    model = load_chattts(ckpt, device="cuda", dtype=torch.bfloat16)
+    texts = [f"check sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(16)]
+    params = SamplingParams(temperature=0, max_new_frames=64, min_new_frames=64)
+    report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+
+    graphed, engine = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
+                                           max_model_len=args.max_model_len))
+    report["capture_seconds"] = engine.capture_seconds
+    report["graphs"] = len(engine._graphs)
+    eager, _ = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
+                                    max_model_len=args.max_model_len, use_graphs=False))
+    reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, max_num_seqs=256,
+                                        max_model_len=args.max_model_len))
+    report["graph_equals_eager"] = graphed == eager
+    same = sum(a == b for g, r in zip(graphed, reference) for a, b in zip(g, r))
+    report["frames_equal_to_reference"] = f"{same}/{sum(len(r) for r in reference)}"
+    first_diff = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None) for g, r in zip(graphed, reference)]
+    report["first_divergent_frame_per_request"] = first_diff
+
+    # Raw step time: replay each (batch, 256) graph many times, CUDA events, median.
+    state, eos = engine._state, engine._eos
+    steps = {}
+    with torch.inference_mode():
+        state.reset_sampling()
+        state.position.fill_(100)
+        for batch in (1, 16, 64, 256):
+            graph = engine._graphs[(batch, 256)]
+            for _ in range(10):
+                graph.replay()
+            times = []
+            for _ in range(50):
+                state.position[:batch] = 100  # stay inside the length bucket
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            eager_times = []
+            for _ in range(5):
+                state.position[:batch] = 100
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                decode_step(model.gpt, state, batch, 256, eos)
+                torch.cuda.synchronize()
+                eager_times.append((time.perf_counter() - t0) * 1e3)
+            steps[batch] = {"graph_ms": statistics.median(times), "eager_ms": statistics.median(eager_times)}
+    report["step_ms_length_bucket_256"] = steps
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
