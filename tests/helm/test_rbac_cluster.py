@@ -149,8 +149,17 @@ def _status(cluster, namespace: str, name: str) -> dict:
 
 
 def _refusals(caplog) -> list[str]:
+    """Log records about refused requests, tracebacks of failed handlers included."""
     words = ("403", "Forbidden", "forbidden", "Not enough permissions")
-    return [r.getMessage() for r in caplog.records if any(w in r.getMessage() for w in words)]
+    formatter = logging.Formatter()
+    found = []
+    for record in caplog.records:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + formatter.formatException(record.exc_info)
+        if any(word in text for word in words):
+            found.append(text)
+    return found
 
 
 @pytest.fixture
