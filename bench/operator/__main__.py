@@ -201,7 +201,13 @@ class Operator:
 async def operator_round(kube: Kube, namespace: str, n: int) -> float:
     started = time.perf_counter()
     await create_objects(kube, namespace, n)
-    while not await all_reconciled(kube, namespace, n):
+    while True:
+        try:
+            if await all_reconciled(kube, namespace, n):
+                break
+        except ApiException as err:
+            if err.status not in (429, 500, 503, 504):
+                raise  # a busy API server only delays the check
         await asyncio.sleep(0.25)
     return time.perf_counter() - started
 
