@@ -162,8 +162,10 @@ def create_engine(config: RuntimeConfig, model, observer):
     if config.engine_kind == EngineKind.GRAPH:
         from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
 
+        # Frames go to a stream as often as the speech API decodes them (its first window is a third).
         return GraphEngine(model, max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
-                           max_model_len=config.engine.max_model_len, observer=observer)
+                           max_model_len=config.engine.max_model_len, observer=observer,
+                           emit_frames=max(1, config.generation.stream_chunk_frames // 3))
     # The vLLM engine lives in engines/vllm* (its own issue); it takes the same arguments.
     from chattts_runtime.engines.vllm import VLLMEngine  # noqa: PLC0415
 

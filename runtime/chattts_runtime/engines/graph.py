@@ -309,12 +309,17 @@ class GraphEngine(ReferenceEngine):
     name = "graph"
 
     def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256, max_model_len: int = 2048,
-                 observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None):
+                 observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None,
+                 gil_switch_interval: float | None = 0.001):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
                          observer=observer)
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
         self.emit_frames = emit_frames
+        # The loop thread shares the GIL with the event loop and the audio-decode thread; at the
+        # default 5 ms switch interval a step that is ready waits up to a whole GPU step or more for
+        # the GIL. None leaves the interpreter's setting alone (it is process-wide).
+        self.gil_switch_interval = gil_switch_interval
         self.cuda = model.device.type == "cuda"
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         if self.use_graphs and not self.cuda:
@@ -342,6 +347,10 @@ class GraphEngine(ReferenceEngine):
     async def start(self) -> None:
         import asyncio  # noqa: PLC0415
 
+        if self.gil_switch_interval is not None and self.cuda:
+            import sys  # noqa: PLC0415
+
+            sys.setswitchinterval(min(sys.getswitchinterval(), self.gil_switch_interval))
         await super().start()
         await asyncio.to_thread(self._ready.wait)
         if self._start_error is not None:
@@ -503,11 +512,12 @@ class GraphEngine(ReferenceEngine):
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]]) -> None:
         codes, hidden = out.fetch()
+        ended = (codes == self._eos).any(axis=1).tolist()  # one pass for the whole step
         for seq, position, row in out.entries:
             if seq.done:  # ended or aborted after this step was launched
                 continue
             frame = codes[row]
-            if (frame == self._eos).any():
+            if ended[row]:
                 self._finish(seq, "eos", events)
                 continue
             seq.count += 1
