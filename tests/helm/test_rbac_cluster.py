@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import time
 from contextlib import contextmanager
@@ -150,14 +151,14 @@ def _status(cluster, namespace: str, name: str) -> dict:
 
 def _refusals(caplog) -> list[str]:
     """Log records about refused requests, tracebacks of failed handlers included."""
-    words = ("403", "Forbidden", "forbidden", "Not enough permissions")
+    refusal = re.compile(r"\b403\b|[Ff]orbidden|Not enough permissions")
     formatter = logging.Formatter()
     found = []
     for record in caplog.records:
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + formatter.formatException(record.exc_info)
-        if any(word in text for word in words):
+        if refusal.search(text):
             found.append(text)
     return found
 
@@ -187,6 +188,36 @@ def weights(cluster, namespace) -> Iterator[dict[str, str]]:
     finally:
         for _, volume in claims.values():
             cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found", check=False)
+
+
+POOL_LABEL = "chattts.io/rbac-test-pool"
+POOL_NODE_MIB = 81920
+
+
+@pytest.fixture
+def private_pool(cluster) -> Iterator[dict[str, str]]:
+    """One simulated GPU node only this test's policy selects (kwok keeps it Ready), tainted so
+    no other test's pods land there: other policies in a shared cluster cannot overlap it."""
+    token = secrets.token_hex(3)
+    name = f"rbac-pool-{token}"
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "1",
+                 "nvidia.com/gpu.memory": str(POOL_NODE_MIB)}
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                         "labels": {POOL_LABEL: token, "kubernetes.io/hostname": name, "type": "kwok",
+                                    "nvidia.com/gpu.memory": str(POOL_NODE_MIB), "nvidia.com/gpu.count": "1"}},
+            "spec": {"taints": [{"key": POOL_LABEL, "value": token, "effect": "NoSchedule"}]},
+            "status": {"capacity": resources, "allocatable": resources}}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+    try:
+        cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p",
+                        json.dumps({"status": {"capacity": resources, "allocatable": resources}}))
+        _wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                              for c in _get(cluster, "node", name)["status"].get("conditions", [])),
+                  f"node {name} Ready under kwok", timeout=60)
+        yield {POOL_LABEL: token}
+    finally:
+        cluster.kubectl("delete", "node", name, "--wait=false", "--ignore-not-found", check=False)
 
 
 def _ctd(name: str, group_size: int, max_num_seqs: int, labels: dict[str, str] | None = None) -> dict:
@@ -245,7 +276,7 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
     assert not refused, "the operator was refused:\n" + "\n".join(refused)
 
 
-def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, monkeypatch, caplog):
+def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, private_pool, monkeypatch, caplog):
     """GPUSharePolicy passes: nodes, members in the namespace, a Job resumed, a replica cap
     written, policy status and Events (kopf posts those of a cluster-scoped object in
     "default"), the finalizer released."""
@@ -255,6 +286,7 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "offline", "labels": label},
            "spec": {"suspend": True, "template": {"spec": {
                "restartPolicy": "Never",
+               "tolerations": [{"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
                "containers": [{"name": "work", "image": "chattts-runtime:0.1.0",
                                "resources": {"limits": {"nvidia.com/gpu.memory": "16384"}}}]}}}}
     caplog.set_level(logging.INFO)
@@ -262,7 +294,7 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
         with operator_running_as(identity, monkeypatch):
             cluster.kubectl("apply", "-f", "-", input=json.dumps({
                 "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
-                "spec": {"nodeSelector": {"matchLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+                "spec": {"nodeSelector": {"matchLabels": private_pool},
                          "windows": [{"name": "all-day", "start": "00:00", "end": "24:00",
                                       "online": 50, "offline": 50}]}}))
             cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
@@ -294,8 +326,7 @@ def test_operator_without_its_bindings_is_refused(cluster, identity, monkeypatch
     cluster.kubectl("delete", "rolebindings", "-A", "-l", selector)
     caplog.set_level(logging.INFO)
     with operator_running_as(identity, monkeypatch, expect_clean_exit=False):
-        _wait_for(lambda: any("403" in r.getMessage() or "orbidden" in r.getMessage() for r in caplog.records),
-                  "the operator's first refused request", timeout=60)
+        _wait_for(lambda: _refusals(caplog), "the operator's first refused request", timeout=60)
 
 
 def test_identity_cannot_do_what_it_should_not(cluster, identity):
