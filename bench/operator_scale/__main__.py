@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the operator's resync interval for the no-op resync phase (s)")
     parser.add_argument("--concurrency", type=int, default=32, help="the benchmark client's requests in flight")
     parser.add_argument("--max-minutes", type=float, default=45.0, help="phases after this are skipped")
+    parser.add_argument("--operator-module", default="chattts_operator",
+                        help="what `python -m` runs as the operator: chattts_operator, or an experiment variant "
+                             "such as bench.operator_scale.variant_bounded")
     parser.add_argument("--profile", action="store_true", help="py-spy the operator during the create phases")
     parser.add_argument("--cluster-name", default="opscale-bench")
     parser.add_argument("--keep-cluster", action="store_true")
@@ -66,6 +69,7 @@ async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, resu
     async with Api(cluster.server, ssl_context_for(cluster.pki), connections=args.concurrency + 16) as api:
         bench = Bench(cluster, api, args.out, args.concurrency, deadline)
         bench.profile = args.profile
+        bench.operator_module = args.operator_module
         async def phase(key: str, coro) -> None:
             """Run one phase; a failure is recorded and the next phase still runs."""
             if time.monotonic() > deadline:

@@ -61,6 +61,7 @@ class Bench:
         self.operator: OperatorProcess | None = None
         self.results: dict[str, Any] = {}
         self.profile = False  # sample the operator's stacks with py-spy during the create phases
+        self.operator_module = "chattts_operator"  # or an experiment variant (variant_*.py)
 
     def remaining(self, cap: float) -> float:
         return max(5.0, min(cap, self.deadline - time.monotonic()))
@@ -92,7 +93,8 @@ class Bench:
             return created
         return await bounded_gather([lambda i=i: one(i) for i in range(n)], self.concurrency)
 
-    def start_operator(self, module: str = "chattts_operator", **settings: str) -> OperatorProcess:
+    def start_operator(self, module: str | None = None, **settings: str) -> OperatorProcess:
+        module = module or self.operator_module
         if self.operator is not None:
             self.operator.stop()
         self.operator = OperatorProcess(self.cluster.kubeconfig, self.log_dir, module=module, **settings)
@@ -190,7 +192,8 @@ class Bench:
         reconciles = op.metric_sum("chattts_operator_reconciles_total") - reconciles_before
         sample = op.proc_sample()
         result = {
-            "n": n, "loadavg_1m": loadavg(),
+            "n": n, "module": op.module, "loadavg_1m": loadavg(),
+            "operator_temporary_failures": op.log_text().count("failed temporarily"),
             "seconds_creates_returned": round(t_created, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_status_written": round(t_status, 2) if t_status else None,
@@ -224,8 +227,9 @@ class Bench:
 
     # --- phase: restart (resume storm), footprint --------------------------------------------------
 
-    async def restart(self, managed: int, label: str, module: str = "chattts_operator",
+    async def restart(self, managed: int, label: str, module: str | None = None,
                       **settings: str) -> dict[str, Any]:
+        module = module or self.operator_module
         if self.operator is not None:
             self.operator.stop()
         before = await self.api_counts()
