@@ -35,6 +35,8 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append((f"N={size}: operator requests / writes per object",
                     f"{_fmt(op.get('requests_per_object'))} / {_fmt(op.get('writes_per_object'))}", ""))
         out.append((f"N={size}: operator requests per reconcile", _fmt(op.get("requests_per_reconcile")), ""))
+        out.append((f"N={size}: operator handler failures retried (API 5xx/timeouts)",
+                    _fmt(op.get("operator_temporary_failures")), "0"))
     noop = results.get("noop_resync") or {}
     out.append(("no-op resync: writes (API server / operator counters)",
                 f"{_fmt(noop.get('operator_writes_counted_by_apiserver'))} / "
@@ -55,8 +57,9 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{_fmt(r.get('rss_mib'))} / {_fmt(r.get('peak_rss_mib'))}, {_fmt(r.get('idle_cpu_percent'))}",
                     "flat"))
     unrelated = results.get("unrelated") or {}
-    if unrelated:
-        out.append(("while 5,000 Deployments + 5,000 Pods are created: operator RSS before -> after (MiB), CPU s",
+    if "deployments" in unrelated:
+        out.append((f"while {unrelated['deployments']} Deployments + Pods are created: operator RSS before -> after "
+                    "(MiB), CPU s",
                     f"{_fmt(unrelated.get('operator_rss_mib_before'))} -> {_fmt(unrelated.get('operator_rss_mib_after'))}"
                     f", {_fmt(unrelated.get('operator_cpu_seconds_meanwhile'))}", "flat"))
     return out
@@ -71,8 +74,9 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def markdown(results: dict[str, Any]) -> str:
+def markdown(results: dict[str, Any], raw_name: str = "operator-scale-results.json") -> str:
     meta = results.get("meta", {})
+    module = (meta.get("settings") or {}).get("operator_module", "chattts_operator")
     lines = [
         "# Operator at scale: benchmark results",
         "",
@@ -84,6 +88,8 @@ def markdown(results: dict[str, Any]) -> str:
         "(8 simulated H200 nodes), the operator (a subprocess, cluster-wide, as the chart runs it) and the "
         "benchmark client, so absolute times include their contention for the cores; the ratios compare "
         "runs on the same API server minutes apart.",
+        "",
+        f"Operator run as `python -m {module}`.",
         "",
         "| figure | value | goal |",
         "|---|---|---|",
@@ -100,5 +106,5 @@ def markdown(results: dict[str, Any]) -> str:
               "- Requests are counted by the API server (`apiserver_request_total`, before/after) and "
               "attributed to the operator by verb/resource (bench/operator_scale/apimetrics.py); WATCH "
               "requests are left out.",
-              "", "Raw figures: `operator-scale-results.json`."]
+              "", f"Raw figures: `{raw_name}`."]
     return "\n".join(lines) + "\n"

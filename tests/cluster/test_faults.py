@@ -20,6 +20,8 @@ from chattts_operator.reconcile import desired_state, parse_spec
 from chattts_operator.settings import OperatorSettings
 from tests.cluster.test_operator_crd import install_crds
 
+pytestmark = pytest.mark.slow  # minutes each on two cores
+
 MANAGED = "app.kubernetes.io/managed-by=chattts-operator"
 CHILD_KINDS = ("deployments", "configmaps", "services", "poddisruptionbudgets")
 

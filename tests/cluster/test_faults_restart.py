@@ -32,7 +32,7 @@ from tests.cluster.test_faults import (
 )
 from tests.cluster.test_operator_crd import install_crds
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
