@@ -29,6 +29,9 @@ MANAGED_ENGINE_FLAGS = frozenset({
     "--max-model-len", "--kv-cache-dtype", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--tensor-parallel-size", "--speculative-config",
     "--hf-overrides", "--disable-log-stats", "--host", "--port",
+    # Set by the ChatTTS vLLM plugin itself: frames travel through logits and logprobs.
+    "--skip-tokenizer-init", "--logits-processors", "--logprobs-mode", "--max-logprobs",
+    "--async-scheduling", "--no-async-scheduling",
 })
 
 
