@@ -196,3 +196,25 @@ def test_abandoned_stream_frees_its_slot(tiny_model):
     assert running == 0
     assert frames[-1].finished and sum(len(f.codes) for f in frames) >= 1
     assert np.all(np.concatenate([f.codes for f in frames]) < 625)
+
+
+def test_newcomers_are_gathered_for_admit_interval_while_others_decode(tiny_model):
+    async def scenario():
+        rec = Recorder()
+        engine = GraphEngine(tiny_model, max_num_seqs=4, admit_interval=0.3, observer=rec)
+        await engine.start()
+        try:
+            long = SamplingParams(temperature=0, max_new_frames=400, min_new_frames=400)
+            first = engine.submit(request(tiny_model, 0, "running", long))
+            await first.__anext__()  # admitted at once: the engine was idle
+            second = engine.submit(request(tiny_model, 1, "newcomer", SamplingParams(temperature=0,
+                                                                                    max_new_frames=3)))
+            frames = [c async for c in second]
+            await first.aclose()
+        finally:
+            await engine.stop()
+        return rec.waits, frames
+
+    waits, frames = asyncio.run(scenario())
+    assert waits[0] < 0.3 <= waits[1]
+    assert frames[-1].finished
