@@ -42,11 +42,11 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 
 {{/* Rules inside the watched namespaces (every namespace when watchNamespaces is empty). */}}
 {{- define "chattts-operator.namespacedRules" -}}
-# handlers/chattts.py + controller.py: watch, read, kopf annotations/finalizer;
+# handlers/chattts.py + controller.py: list+watch (no single reads), kopf annotations/finalizer;
 # handlers/sharepolicy.py: replica-cap annotations on member ChatTTSDeployments.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 # controller.py and handlers/autoscaling.py write status.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/status"]
