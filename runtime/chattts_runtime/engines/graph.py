@@ -17,6 +17,10 @@ and free slots inside that range compute rows nobody reads (their writes stay in
 own slot and are overwritten by the next prefill). Attention covers columns
 ``[0, length bucket)``, masked per row at its own position.
 
+Prefills (newcomers' prompts, batched, right-padded into their slots) run eagerly; while
+others decode, newcomers are gathered for ``admit_interval``. Frames reach a stream
+``emit_frames`` at a time. Measured on an H200: bench/results/runtime-h200-2026-11-30-graph-summary.md.
+
 On CPU the same code runs eagerly (no capture): the equality test against the reference
 engine (greedy, float32) exercises exactly the slot, cache and sampling logic served on
 the GPU. Greedy output equals the reference engine's; sampled output is reproducible per
