@@ -209,8 +209,10 @@ class EngineSpec(_SpecModel):
         }
     )
 
-    kind: Literal["vllm", "reference"] = Field(
-        "vllm", description="vllm: the vLLM engine; reference: the plain PyTorch engine (baseline)."
+    kind: Literal["vllm", "graph", "reference"] = Field(
+        "vllm",
+        description="vllm: the vLLM engine; graph: the runtime's CUDA-graph engine (static slot KV cache, "
+        "graphs per batch bucket); reference: the plain PyTorch engine (baseline).",
     )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, le=1_048_576, description="Tokens per engine step (vLLM --max-num-batched-tokens); unset: vLLM's default."
