@@ -27,8 +27,8 @@ from bench.operator_scale.run import REPO, Bench, install_crds, loadavg, log, ve
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 import localcluster  # noqa: E402
 
-VARIANTS = {"as is (client-side label filter)": "chattts_operator",
-            "server-side label selector": "bench.operator_scale.variant_selectors"}
+VARIANTS = {"as is": "chattts_operator",
+            "kopf label_selectors variant": "bench.operator_scale.variant_selectors"}
 
 
 async def churn_cpu(bench: Bench, namespaces: list[str], count: int) -> dict:
