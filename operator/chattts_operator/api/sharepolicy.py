@@ -382,6 +382,6 @@ PRINTER_COLUMNS = [
     {"name": "Offline%", "type": "integer", "jsonPath": ".status.shares.offline"},
     {"name": "Used-MiB", "type": "integer", "jsonPath": ".status.used.totalMiB"},
     {"name": "Pool-MiB", "type": "integer", "jsonPath": ".status.pool.gpuMemoryMiB"},
-    {"name": "Next-Change", "type": "date", "jsonPath": ".status.nextChange"},
+    {"name": "Next-Change", "type": "string", "jsonPath": ".status.nextChange"},  # future: "date" prints <invalid>
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -194,6 +194,12 @@ async def _json(call: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a kubernetes_asyncio method and return the raw JSON (camelCase), as the API sent it."""
     response = await call(*args, _preload_content=False, **kwargs)
     try:
+        # Without content preloading the client does not raise on errors: a 403/404/500 body
+        # must never be read as the object (a refused node list would look like an empty pool).
+        if not 200 <= response.status < 300:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = await response.read()
+            raise error
         return json.loads(await response.read())
     finally:
         response.release()
