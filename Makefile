@@ -16,6 +16,7 @@ binaries:
 
 crds: venv
 	$(PY) -m chattts_operator.crdgen
+	deploy/helm/chattts-operator/hack/sync-crds.sh
 
 # The README's test command: every tier (unit, cluster, helm, runtime in .venv; vllm in .venv-vllm).
 test: venv vllm-venv binaries
@@ -32,7 +33,7 @@ cluster-down:
 	$(PY) hack/cluster/localcluster.py down
 
 # The main job on an embedded default: local cluster + chart + operator + sample ChatTTSDeployments.
-demo: venv binaries
+demo: venv
 	hack/demo.sh
 
 demo-down:
