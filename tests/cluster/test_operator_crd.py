@@ -15,15 +15,16 @@ CRD_DIR = REPO / "deploy" / "crds"
 
 
 def install_crds(cluster) -> None:
+    """Apply every generated CRD (ChatTTSDeployment and GPUSharePolicy) and wait until it serves."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests",
-                    "-f", str(CRD_DIR / "tts.chattts.io_chattsdeployments.yaml"))
+                    "-f", str(CRD_DIR))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/chattsdeployments.tts.chattts.io")
+                    "crd/chattsdeployments.tts.chattts.io", "crd/gpusharepolicies.tts.chattts.io")
     # Discovery may lag the Established condition by a moment.
     deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "ctd", "-A", check=False).returncode != 0:
+    while cluster.kubectl("get", "ctd,gsp", "-A", check=False).returncode != 0:
         if time.monotonic() > deadline:
-            raise TimeoutError("the ctd resource never became servable")
+            raise TimeoutError("the ctd/gsp resources never became servable")
         time.sleep(0.3)
 
 
