@@ -46,7 +46,7 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     reaction = results.get("reaction") or {}
     out.append((f"spec change -> Deployment updated, p50 / p99 (ms), {reaction.get('managed', '?')} managed",
                 f"{_fmt(reaction.get('p50_ms'))} / {_fmt(reaction.get('p99_ms'))}", ""))
-    for key in ("restart_none", "restart_unrelated"):
+    for key in ("restart_none", "restart_short_resync", "restart_unrelated"):
         r = results.get(key) or {}
         if "label" not in r:
             continue
