@@ -20,8 +20,10 @@ crds: venv
 
 # The README's test command: every tier (unit, cluster, helm, runtime in .venv; vllm in .venv-vllm).
 test: venv vllm-venv binaries
-	$(PY) -m pytest -q --ignore=tests/vllm
-	$(VLLM_PY) -m pytest -q tests/vllm
+	@status=0; \
+	$(PY) -m pytest -q --ignore=tests/vllm || status=1; \
+	$(VLLM_PY) -m pytest -q tests/vllm || status=1; \
+	exit $$status
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit

@@ -209,16 +209,20 @@ def test_scales_up_under_load_and_back_down_after_it(cluster, namespace, runtime
         # Under load the wait rises above 5 ms and the operator scales up.
         load = Load(mapper)
         load.start()
-        scaled_up = wait_until(lambda: (o := get(kubectl, namespace, "ctd", "voice"))["spec"]["replicas"] > 1 and o,
+        wait_until(lambda: (o := get(kubectl, namespace, "ctd", "voice"))["spec"]["replicas"] > 1 and o,
                                "a scale-up under load", timeout=LOAD_SECONDS)
         wait_until(lambda: len(mapper.ready_urls) > 1, "new pods Ready and serving", timeout=60)
         load.stop.set()
         load.join(timeout=90)
         assert load.sent > 0 and load.failed < load.sent / 10, (load.sent, load.failed)
 
-        status = scaled_up["status"]["autoscaling"]
+        # The scale subresource is written before the decision lands in status: read status
+        # once it has caught up, rather than from the object that first showed the new size.
+        status = wait_until(
+            lambda: (s := autoscaling_status(kubectl, namespace, "voice")).get("decisions")
+            and any(d["reason"] == "ScaleUp" for d in s["decisions"]) and s,
+            "the scale-up recorded in status", timeout=30)
         up = [d for d in status["decisions"] if d["reason"] == "ScaleUp"]
-        assert up, status
         assert up[0]["currentReplicas"] == 1 and up[0]["desiredReplicas"] > 1
         assert parse_duration(up[0]["metricValue"]) > 0.005, up[0]
         # spec.replicas was written through the scale subresource by the autoscaler's field manager.
