@@ -28,6 +28,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from chattts_operator.api.chattts import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "chattts-operator"
+# Requests in flight at most (watches not counted). kopf runs a handler per object at once, so
+# a burst of N new objects would put N requests on the API server; there, Service creations
+# (ClusterIP allocation is serialised) time out with 504 and every failed handler retries 5 s
+# later, all together: at N=1000 that never converged (bench/results/operator-scale-findings.md).
+MAX_IN_FLIGHT = 32
 
 # kind -> (API path prefix, plural) for the objects the operator touches.
 _PATHS: dict[str, tuple[str, str]] = {
@@ -60,22 +65,24 @@ async def make_api_client() -> client.ApiClient:
 class Kube:
     """Thin async wrapper; every method is one HTTP request."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.api = api
         self.writes = 0  # requests that may change the cluster (for metrics and tests)
+        self._in_flight = asyncio.Semaphore(max_in_flight)
 
     async def _call(self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
                     content_type: str = "application/json") -> Any:
-        data, _status, _headers = await self.api.call_api(
-            path,
-            method,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            response_types_map={200: "object", 201: "object"},
-            _preload_content=True,
-        )
+        async with self._in_flight:
+            data, _status, _headers = await self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map={200: "object", 201: "object"},
+                _preload_content=True,
+            )
         return data
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
