@@ -192,7 +192,12 @@ class Controller:
         if quantization is not None and quantization.model_override is not None:
             spec = spec.model_copy(update={"model": ModelSpec.model_validate(quantization.model_override)})
         desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=await self.nodes.largest_gpu_mib())
-        deployment_only = trigger == "deployment" and live_deployment is not None
+        # A Deployment event refreshes status from the Deployment it carries, and nothing else
+        # is read. When that Deployment needs an apply (a new generation not reconciled yet, a
+        # hand edit), run the whole reconcile instead: the ConfigMap goes first, or the new pods
+        # would start on the old config.
+        deployment_only = (trigger == "deployment" and live_deployment is not None
+                           and desired.deployment is not None and not needs_apply(desired.deployment, live_deployment))
         observed = Observed(live_deployment=None)
         applied_any = False
         for child in desired.children():
@@ -218,7 +223,8 @@ class Controller:
                 applied_any = True
             if kind == "Deployment":
                 observed.live_deployment = live
-                observed.deployment_applied = True
+                # Only a run that checked every child may declare this generation applied.
+                observed.deployment_applied = not deployment_only
                 self._remember_deployment(key, live)
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
