@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chattts_runtime.config import RuntimeConfig, load_config
+from chattts_runtime.config import MANAGED_ENGINE_FLAGS, RuntimeConfig, load_config
 from chattts_runtime.engines.base import EngineError
 from chattts_runtime.engines.vllm_engine import (
     PLUGIN_FLAGS, VLLMEngine, awq_unsupported_reason, engine_cli_args, parse_engine_args)
@@ -82,9 +82,18 @@ def test_disable_log_stats_is_passed_when_asked(layout):
 
 @pytest.mark.parametrize("flag", sorted(PLUGIN_FLAGS))
 def test_extra_args_may_not_rewire_the_plugin(layout, flag):
-    config = RuntimeConfig.model_validate({"engine": {"extra_args": [f"{flag}=x"]}})
+    # Refused at the earliest point: the config contract (whose list also feeds the CRD's CEL rule)...
+    with pytest.raises(ValueError, match=flag):
+        RuntimeConfig.model_validate({"engine": {"extra_args": [f"{flag}=x"]}})
+    # ...and again by the engine, for a config that skipped validation (model_copy does not validate).
+    default = RuntimeConfig()
+    config = default.model_copy(update={"engine": default.engine.model_copy(update={"extra_args": [f"{flag}=x"]})})
     with pytest.raises(ValueError, match=flag):
         engine_cli_args(config, layout)
+
+
+def test_the_plugin_flags_are_managed_by_the_config_contract():
+    assert PLUGIN_FLAGS <= MANAGED_ENGINE_FLAGS, sorted(PLUGIN_FLAGS - MANAGED_ENGINE_FLAGS)
 
 
 def test_a_typo_in_extra_args_is_refused_by_vllm(layout):
