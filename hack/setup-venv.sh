@@ -7,19 +7,14 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${CHATTTS_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
-torch_version="2.13.0+cpu"
-cache_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/chattts-operator/wheels"
 
-find_wheels() {
-  for d in "${CHATTTS_WHEELS:-}" "$root/../shared/wheels" "$cache_wheels"; do
-    if [[ -n "$d" ]] && compgen -G "$d/torch-${torch_version}-*.whl" >/dev/null; then echo "$d"; return; fi
-  done
-}
+# shellcheck source=torch-wheels.sh
+source "$root/hack/torch-wheels.sh"
 
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.chattts-stamp"
-want="$(sha256sum "$root/pyproject.toml" "$0" | sha256sum | cut -c1-16)"
+want="$(sha256sum "$root/pyproject.toml" "$0" "$root/hack/torch-wheels.sh" | sha256sum | cut -c1-16)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "[venv] $venv is up to date"; exit 0
 fi
