@@ -30,7 +30,7 @@ from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpe
 from chattts_operator.api.quantization import QuantizationPlan, job_selector, plan_quantization
 from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
 from chattts_operator.gpu import GpuAssignmentError, assign_gpu, node_affinity
-from chattts_operator.kube import Kube, NodeGpuCache
+from chattts_operator.kube import Kube, NodeGpuCache, is_newer
 from chattts_operator.reconcile import (
     InvalidSpec,
     Observed,
@@ -51,22 +51,6 @@ Key = tuple[str, str]  # (namespace, name)
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _newer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    """Whether object ``a`` is a later version than ``b`` of the same object. resourceVersions
-    are opaque, but equal-or-not is always safe and etcd's are increasing integers: when both
-    parse as integers they are compared, otherwise a different version counts as newer."""
-    if b is None:
-        return True
-    if a is None:
-        return False
-    ra, rb = a.get("metadata", {}).get("resourceVersion"), b.get("metadata", {}).get("resourceVersion")
-    if ra == rb:
-        return False
-    if isinstance(ra, str) and isinstance(rb, str) and ra.isdigit() and rb.isdigit():
-        return int(ra) > int(rb)
-    return True
 
 
 @dataclass
@@ -97,7 +81,7 @@ class Controller:
             self.bodies.pop(key, None)
             self.blocked.discard(key)
             self._slots.pop(key, None)
-        elif _newer(body, self.bodies.get(key)):
+        elif is_newer(body, self.bodies.get(key)):
             # A watch event may trail our own status write; never go back to an older version.
             self.bodies[key] = body
         metrics.MANAGED_OBJECTS.set(len(self.bodies))
@@ -122,7 +106,7 @@ class Controller:
         slot = self._slots.setdefault(key, _Slot())
         if deployment_deleted:
             slot.deployment, slot.deployment_gone = None, True
-        elif live_deployment is not None and _newer(live_deployment, slot.deployment):
+        elif live_deployment is not None and is_newer(live_deployment, slot.deployment):
             slot.deployment, slot.deployment_gone = live_deployment, False
         if slot.queued:
             return "coalesced"
@@ -289,7 +273,7 @@ class Controller:
 
     def _remember_deployment(self, key: Key, live: dict[str, Any] | None) -> None:
         slot = self._slots.get(key)
-        if slot is not None and live is not None and _newer(live, slot.deployment):
+        if slot is not None and live is not None and is_newer(live, slot.deployment):
             slot.deployment = live
 
     async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:

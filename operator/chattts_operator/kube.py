@@ -196,3 +196,19 @@ class NodeGpuCache:
 
     def invalidate(self) -> None:
         self._fetched_at = float("-inf")
+
+
+def is_newer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether object ``a`` is a later version than ``b`` of the same object. resourceVersions
+    are opaque, but equal-or-not is always safe and etcd's are increasing integers: when both
+    parse as integers they are compared, otherwise a different version counts as newer."""
+    if b is None:
+        return True
+    if a is None:
+        return False
+    ra, rb = a.get("metadata", {}).get("resourceVersion"), b.get("metadata", {}).get("resourceVersion")
+    if ra == rb:
+        return False
+    if isinstance(ra, str) and isinstance(rb, str) and ra.isdigit() and rb.isdigit():
+        return int(ra) > int(rb)
+    return True

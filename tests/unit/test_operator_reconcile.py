@@ -285,7 +285,7 @@ def test_owner_key():
      (None, "5", False)],
 )
 def test_newer_resource_version(a, b, newer):
-    from chattts_operator.controller import _newer
+    from chattts_operator.kube import is_newer as _newer
 
     def o(rv):
         return None if rv is None else {"metadata": {"resourceVersion": rv}}

@@ -49,7 +49,7 @@ from chattts_operator.autoscaling.status import history_from_status, next_status
 from chattts_operator.autoscaling.tuning import TuningDecision, tune_batch_tokens
 from chattts_operator.builders import deployment_name, selector_labels
 from chattts_operator.gpu import GpuAssignmentError, assign_gpu
-from chattts_operator.kube import Kube, make_api_client, object_path
+from chattts_operator.kube import Kube, is_newer, make_api_client, object_path
 from chattts_operator.settings import OperatorSettings
 
 FIELD_MANAGER = "chattts-autoscaler"
@@ -106,19 +106,6 @@ def replica_cap(body: dict) -> int | None:
         return int(text) if text is not None and int(text) >= 0 else None
     except ValueError:
         return None
-
-
-def is_newer(a: dict, b: dict | None) -> bool:
-    """Whether object ``a`` is a later version than ``b``: resourceVersions are opaque, but
-    etcd's are increasing integers; when they do not parse, a different one counts as newer."""
-    if b is None:
-        return True
-    ra, rb = a.get("metadata", {}).get("resourceVersion"), b.get("metadata", {}).get("resourceVersion")
-    if ra == rb:
-        return False
-    if isinstance(ra, str) and isinstance(rb, str) and ra.isdigit() and rb.isdigit():
-        return int(ra) > int(rb)
-    return True
 
 
 @dataclass
