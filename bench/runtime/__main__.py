@@ -10,11 +10,14 @@ What it does, all in one run and against one server process:
 2. starts ``chattts-runtime serve`` (reference engine, streaming PCM) on loopback;
 3. baseline: ``--sequential`` requests one after another (no overlap, batch size 1);
 4. for each concurrency C: C closed-loop clients, each sending requests back to back
-   for ``--rounds`` rounds;
+   for ``--rounds`` rounds, spread over ``--client-procs`` load generator processes
+   (``bench/runtime/loadgen.py``: default one per 32 clients, at most 8) released together;
 5. records per request the time to first audio (first PCM bytes), the real-time factor
    (request wall time / audio duration) and, per level, throughput (audio seconds
    produced per wall second) and its ratio to the sequential baseline; plus the
-   server's own ``vllm:scheduler_deadline_wait_seconds`` and mean batch size.
+   server's own ``vllm:scheduler_deadline_wait_seconds`` and mean batch size, and the CPU
+   use of the load generator's processes and of the server (to show neither side's Python
+   was the limit).
 
 Writes ``bench/results/runtime-<device>-<date>.json`` and ``.md``.
 """
@@ -28,16 +31,16 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.runtime import loadgen
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-SAMPLE_RATE = 24_000
-BYTES_PER_FRAME = 512 * 2  # 512 samples of 16-bit PCM per GPT frame
+SAMPLE_RATE = loadgen.SAMPLE_RATE
 
 SIZES = {
     # name: (hidden, layers, heads)
@@ -46,13 +49,7 @@ SIZES = {
 }
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    pos = (len(ordered) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+percentile = loadgen.percentile  # engine_load and graph_check import it from here
 
 
 def make_checkpoint(size: str, path: Path) -> Path:
@@ -106,23 +103,6 @@ async def wait_ready(url: str, proc, timeout: float = 600) -> None:
     raise RuntimeError("server did not become ready")
 
 
-async def one_request(client, text: str) -> dict:
-    body = {"model": "chattts", "voice": "alloy", "input": text, "response_format": "pcm", "stream": True}
-    start = time.perf_counter()
-    first = None
-    received = 0
-    async with client.stream("POST", "/v1/audio/speech", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for chunk in r.aiter_bytes():
-            if chunk and first is None:
-                first = time.perf_counter() - start
-            received += len(chunk)
-    total = time.perf_counter() - start
-    audio_s = received / 2 / SAMPLE_RATE
-    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else float("nan")}
-
-
 async def scrape(url: str) -> dict[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -138,50 +118,62 @@ async def scrape(url: str) -> dict[str, float]:
     return out
 
 
-async def run_level(url: str, concurrency: int, requests_per_client: int, texts: list[str]) -> dict:
-    import httpx
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process and its threads so far (Linux /proc), or None where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command name: state is field 3, utime and stime are fields 14 and 15 (clock ticks).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    # Drop idle connections before the server's 5 s keep-alive timeout closes them under us.
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4,
-                          keepalive_expiry=2.0)
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits) as client:
-        before = await scrape(url)
-        results: list[dict] = []
 
-        async def worker(w: int) -> None:
-            for r in range(requests_per_client):
-                results.append(await one_request(client, texts[(w * requests_per_client + r) % len(texts)]))
+async def run_level(url: str, concurrency: int, requests_per_client: int, texts: list[str], *,
+                    server_pid: int | None = None, client_procs: int | None = None,
+                    client_lib: str = "auto") -> dict:
+    """One level through the multi-process load generator, with the server's metrics and CPU use around it."""
+    before = await scrape(url)
+    server_cpu: list[float | None] = []
 
-        wall0 = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        wall = time.perf_counter() - wall0
-        after = await scrape(url)
+    def sample_server_cpu() -> None:
+        server_cpu.append(process_cpu_seconds(server_pid) if server_pid else None)
+
+    row = await asyncio.to_thread(loadgen.run_level, url, concurrency, requests_per_client, texts,
+                                  client_procs, client_lib, sample_server_cpu, sample_server_cpu)
+    after = await scrape(url)
+    cpu0, cpu1 = server_cpu
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    ttfa = [r["ttfa"] for r in results]
-    rtf = [r["rtf"] for r in results]
-    audio = sum(r["audio_s"] for r in results)
     waits = delta("vllm:scheduler_deadline_wait_seconds_count")
     steps = delta("chattts_batch_size_count")
-    return {
-        "concurrency": concurrency, "requests": len(results), "wall_s": wall, "audio_s": audio,
-        "throughput_audio_s_per_s": audio / wall,
-        "ttfa_p50_s": percentile(ttfa, 0.5), "ttfa_p99_s": percentile(ttfa, 0.99),
-        "rtf_p50": percentile(rtf, 0.5), "rtf_p99": percentile(rtf, 0.99),
-        "deadline_wait_mean_s": delta("vllm:scheduler_deadline_wait_seconds_sum") / waits if waits else None,
-        "mean_batch_size": delta("chattts_batch_size_sum") / steps if steps else None,
-    }
+    row["server_cpu_cores"] = (cpu1 - cpu0) / row["wall_s"] if cpu0 is not None and cpu1 is not None else None
+    row["deadline_wait_mean_s"] = delta("vllm:scheduler_deadline_wait_seconds_sum") / waits if waits else None
+    row["mean_batch_size"] = delta("chattts_batch_size_sum") / steps if steps else None
+    return row
 
 
-def environment(device: str) -> dict:
+def importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def environment(device: str, client_lib: str) -> dict:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device}
     if device == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+    # The server runs under this interpreter: uvicorn picks httptools and uvloop when they import.
+    info["server_http"] = "httptools" if importable("httptools") else "h11"
+    info["server_loop"] = "uvloop" if importable("uvloop") else "asyncio"
+    info["client_lib"] = client_lib
+    info["client_loop"] = "uvloop" if importable("uvloop") else "asyncio"
     try:
         info["load_average_at_start"] = os.getloadavg()
     except OSError:
@@ -205,8 +197,9 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         f"{json.dumps(report['environment'])}.",
         "",
         "| mode | concurrency | requests | throughput (audio s / s) | vs sequential | TTFA p50 (s) | TTFA p99 (s) "
-        "| RTF p50 | RTF p99 | deadline wait mean (s) | mean batch |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| RTF p50 | RTF p99 | deadline wait mean (s) | mean batch | client procs | client CPU busiest proc "
+        "| client CPU all (cores) | server CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = report["sequential"]["throughput_audio_s_per_s"]
     for row in [report["sequential"], *report["levels"]]:
@@ -216,11 +209,18 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
             f"| {row['throughput_audio_s_per_s'] / base:.2f}x | {row['ttfa_p50_s']:.3f} | {row['ttfa_p99_s']:.3f} "
             f"| {row['rtf_p50']:.3f} | {row['rtf_p99']:.3f} | "
             f"{row['deadline_wait_mean_s'] if row['deadline_wait_mean_s'] is None else round(row['deadline_wait_mean_s'], 4)} "
-            f"| {row['mean_batch_size'] if row['mean_batch_size'] is None else round(row['mean_batch_size'], 2)} |")
+            f"| {row['mean_batch_size'] if row['mean_batch_size'] is None else round(row['mean_batch_size'], 2)} "
+            f"| {row['client_procs']} | {row['loadgen_cpu_max_proc']:.2f} | {row['loadgen_cpu_cores']:.2f} "
+            f"| {'n/a' if row['server_cpu_cores'] is None else format(row['server_cpu_cores'], '.2f')} |")
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Throughput: audio seconds delivered per wall second over the level. Percentiles "
               "over all requests of a level; the sequential baseline runs the same requests one at a time in the "
-              "same server process, before the concurrent levels."]
+              "same server process, before the concurrent levels. Client: closed-loop streaming clients spread "
+              f"over separate processes ({report['environment']['client_lib']} on "
+              f"{report['environment']['client_loop']}), released together; the level's wall time runs from that "
+              "release to the last request's end. Client CPU: CPU seconds per wall second, for the busiest client "
+              "process (1.00 = one core saturated, the load generator would then be the bottleneck) and for all of "
+              "them; server CPU likewise for the server process (all its threads), over the same window."]
     mpath.write_text("\n".join(lines) + "\n")
     return jpath, mpath
 
@@ -232,7 +232,8 @@ async def main_async(args) -> dict:
     from chattts_runtime.model.config import load_model_sizes
 
     g = load_model_sizes(checkpoint).gpt
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = args.concurrency
+    client_lib = loadgen.pick_client_lib(args.client_lib)
     log = tmp / f"bench-server-{args.device}-{args.engine}.log"
     proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
                              engine=args.engine, max_model_len=args.max_model_len)
@@ -241,15 +242,18 @@ async def main_async(args) -> dict:
         t0 = time.perf_counter()
         await wait_ready(url, proc)
         startup = time.perf_counter() - t0
-        sequential = await run_level(url, 1, args.sequential, texts)
+        sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
+                                     client_lib=client_lib)
         results = []
         for c in levels:
-            rounds = max(1, args.rounds if c > 1 else args.rounds)
-            row = await run_level(url, c, rounds, texts)
+            row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
+                                  client_lib=client_lib)
             results.append(row)
             print(f"concurrency {c}: {row['throughput_audio_s_per_s']:.2f} audio s/s, "
                   f"ttfa p50 {row['ttfa_p50_s']:.3f} p99 {row['ttfa_p99_s']:.3f}, rtf p50 {row['rtf_p50']:.3f}, "
-                  f"batch {row['mean_batch_size']}", flush=True)
+                  f"batch {row['mean_batch_size']}, {row['client_procs']} client procs "
+                  f"(busiest {row['loadgen_cpu_max_proc']:.2f} core), server {row['server_cpu_cores'] or float('nan'):.2f} cores",
+                  flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -260,14 +264,24 @@ async def main_async(args) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "python -m bench.runtime " + " ".join(sys.argv[1:]),
         "params": {"size": args.size, "frames": args.frames, "sequential": args.sequential, "rounds": args.rounds,
-                   "chunk_frames": args.chunk_frames, "engine": args.engine,
+                   "chunk_frames": args.chunk_frames, "engine": args.engine, "client_procs": args.client_procs,
                    "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
-        "environment": environment(args.device),
+        "environment": environment(args.device, client_lib),
         "server_startup_s": startup,
         "sequential": sequential,
         "levels": results,
     }
+
+
+def positive_int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every level must be >= 1, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,15 +289,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--size", default="small", choices=("tiny", "small", "full"))
     p.add_argument("--frames", type=int, default=64, help="frames per request (21.3 ms of audio each)")
-    p.add_argument("--concurrency", default="2,4,8,16")
+    p.add_argument("--concurrency", default=[2, 4, 8, 16], type=positive_int_list,
+                   help="comma-separated concurrency levels")
     p.add_argument("--sequential", type=int, default=8, help="requests in the one-at-a-time baseline")
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency level")
     p.add_argument("--chunk-frames", type=int, default=24, help="frames per streamed audio chunk")
     p.add_argument("--engine", default="reference", choices=("reference", "graph"),
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")
     p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
+    p.add_argument("--client-procs", type=int, default=None,
+                   help="load generator processes per level (default: min(8, ceil(concurrency / 32)))")
+    p.add_argument("--client-lib", default="auto", choices=("auto", *loadgen.CLIENT_LIBS),
+                   help="HTTP client of the load generator (auto: aiohttp if installed, else httpx)")
     p.add_argument("--tag", default=None, help="file name tag (default: <device>-<date>)")
     args = p.parse_args(argv)
+    if args.client_procs is not None and args.client_procs < 1:
+        p.error(f"--client-procs must be >= 1, got {args.client_procs}")
     report = asyncio.run(main_async(args))
     stem = f"runtime-{args.tag or (('h200' if 'H200' in report['environment'].get('gpu', '') else args.device) + '-' + dt.date.today().isoformat())}"
     jpath, mpath = write_report(report, stem)

@@ -1,0 +1,349 @@
+"""Closed-loop streaming load generator for the speech API, spread over client processes.
+
+One Python process reading ~2,000 streamed chunks per second saturates its core and then
+measures itself rather than the server. ``run_level`` therefore splits the closed-loop
+clients over ``procs`` processes (spawned, so no state is inherited from the parent), lets
+each one import its HTTP library and open its connections, and releases them all at once:
+the level's wall time runs from that common release to the last request's end, across
+processes (``time.monotonic`` is the system-wide CLOCK_MONOTONIC on Linux).
+
+Each process reports one record per request (time to first audio, total time, audio
+seconds, real-time factor) and its own CPU use over the measured window, so a report can
+show that the load generator was not the bottleneck. A child that fails (an HTTP error, a
+broken stream, an exception) fails the whole level with its message.
+
+The HTTP client is aiohttp when installed (several times cheaper per chunk than httpx),
+else httpx; the event loop is uvloop when installed. Both are recorded.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import multiprocessing
+import resource
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_ready_objects
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+
+SAMPLE_RATE = 24_000
+SPEECH_PATH = "/v1/audio/speech"
+CLIENT_LIBS = ("aiohttp", "httpx")
+MAX_DEFAULT_PROCS = 8
+CLIENTS_PER_PROC = 32
+# Idle connections are dropped before the runtime's (uvicorn's) 5 s keep-alive timeout can
+# close one under a request that is just being sent on it.
+KEEPALIVE_EXPIRY_S = 2.0
+REQUEST_TIMEOUT_S = 600.0
+WARM_TIMEOUT_S = 120.0
+
+
+# ---------------------------------------------------------------- pure parts
+
+def default_client_procs(concurrency: int) -> int:
+    """``min(8, ceil(concurrency / 32))``, at least 1: one process per 32 streams."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    return max(1, min(MAX_DEFAULT_PROCS, math.ceil(concurrency / CLIENTS_PER_PROC)))
+
+
+def split_clients(concurrency: int, procs: int) -> list[list[int]]:
+    """Client ids 0..concurrency-1 dealt over ``min(procs, concurrency)`` processes, sizes differing by at most 1."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if procs < 1:
+        raise ValueError(f"client processes must be >= 1, got {procs}")
+    procs = min(procs, concurrency)
+    return [list(range(p, concurrency, procs)) for p in range(procs)]
+
+
+def request_text(texts: Sequence[str], client: int, round_: int, rounds: int) -> str:
+    """The text client ``client`` sends in round ``round_``: the same whichever process runs that client."""
+    return texts[(client * rounds + round_) % len(texts)]
+
+
+def speech_body(text: str) -> bytes:
+    return json.dumps({"model": "chattts", "voice": "alloy", "input": text, "response_format": "pcm",
+                       "stream": True}).encode()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = (len(ordered) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class ProcResult:
+    """What one client process sends back: its records and its measured window."""
+
+    records: list[dict]
+    started: float  # time.monotonic() when the release was seen
+    finished: float  # time.monotonic() after its last request
+    cpu_s: float  # user + system CPU seconds of the process over [started, finished]
+    client_lib: str
+    loop: str
+
+
+def summarize(results: Sequence[ProcResult], released: float) -> dict:
+    """Merge the processes' records into one level: throughput over the common wall, percentiles, client CPU.
+
+    ``loadgen_cpu_max_proc`` is the busiest process's CPU seconds per wall second of its own
+    window (1.0 = one core saturated: the load generator may then be the bottleneck);
+    ``loadgen_cpu_cores`` is all processes' CPU seconds per level wall second.
+    """
+    if not results:
+        raise ValueError("no client process results to summarize")
+    records = sorted((r for res in results for r in res.records), key=lambda r: (r["client"], r["round"]))
+    wall = max(res.finished for res in results) - released
+    if wall <= 0:
+        raise ValueError(f"level wall time must be positive, got {wall}")
+    audio = sum(r["audio_s"] for r in records)
+    ttfa = [r["ttfa"] for r in records]
+    rtf = [r["rtf"] for r in records]
+    per_proc = [res.cpu_s / max(res.finished - res.started, 1e-9) for res in results]
+    return {
+        "requests": len(records), "wall_s": wall, "audio_s": audio,
+        "throughput_audio_s_per_s": audio / wall,
+        "ttfa_p50_s": percentile(ttfa, 0.5), "ttfa_p99_s": percentile(ttfa, 0.99),
+        "rtf_p50": percentile(rtf, 0.5), "rtf_p99": percentile(rtf, 0.99),
+        "client_procs": len(results),
+        "client_lib": results[0].client_lib, "client_loop": results[0].loop,
+        "release_skew_s": max(res.started for res in results) - released,
+        "loadgen_cpu_max_proc": max(per_proc),
+        "loadgen_cpu_cores": sum(res.cpu_s for res in results) / wall,
+    }
+
+
+# ---------------------------------------------------------------- HTTP clients (one per library, same interface)
+
+def pick_client_lib(requested: str = "auto") -> str:
+    if requested not in ("auto", *CLIENT_LIBS):
+        raise ValueError(f"client library must be one of auto, {', '.join(CLIENT_LIBS)}; got {requested!r}")
+    candidates = CLIENT_LIBS if requested == "auto" else (requested,)
+    for name in candidates:
+        try:
+            __import__(name)
+        except ImportError:
+            continue
+        return name
+    raise RuntimeError(f"no HTTP client library installed (wanted {' or '.join(candidates)})")
+
+
+class AiohttpClient:
+    def __init__(self, base_url: str, connections: int):
+        import aiohttp
+
+        self._base = base_url.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_EXPIRY_S),
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S), auto_decompress=False)
+
+    async def get_status(self, path: str) -> int:
+        async with self._session.get(self._base + path) as r:
+            await r.read()
+            return r.status
+
+    @contextlib.asynccontextmanager
+    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        async with self._session.post(self._base + path, data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+            yield r.status, r.content.iter_any()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class HttpxClient:
+    def __init__(self, base_url: str, connections: int):
+        import httpx
+
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self._client = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(REQUEST_TIMEOUT_S), limits=limits)
+
+    async def get_status(self, path: str) -> int:
+        return (await self._client.get(path)).status_code
+
+    @contextlib.asynccontextmanager
+    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        async with self._client.stream("POST", path, content=body,
+                                       headers={"Content-Type": "application/json"}) as r:
+            yield r.status_code, r.aiter_raw()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def make_client(lib: str, base_url: str, connections: int):
+    return {"aiohttp": AiohttpClient, "httpx": HttpxClient}[lib](base_url, connections)
+
+
+# ---------------------------------------------------------------- one request, one process
+
+async def one_request(client, body: bytes) -> dict:
+    """POST one streaming PCM request; time to the first audio bytes and to the end of the stream."""
+    start = time.perf_counter()
+    first = None
+    received = 0
+    async with client.post_stream(SPEECH_PATH, body) as (status, chunks):
+        if status != 200:
+            error = b""
+            async for chunk in chunks:
+                error += chunk
+                if len(error) > 300:
+                    break
+            raise RuntimeError(f"HTTP {status} from {SPEECH_PATH}: {error[:300]!r}")
+        async for chunk in chunks:
+            if chunk and first is None:
+                first = time.perf_counter() - start
+            received += len(chunk)
+    total = time.perf_counter() - start
+    if not received:
+        raise RuntimeError(f"{SPEECH_PATH} answered 200 with an empty stream")
+    if received % 2:
+        raise RuntimeError(f"PCM stream of odd length {received} (16-bit samples expected)")
+    audio_s = received / 2 / SAMPLE_RATE
+    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _run_clients(conn, url: str, clients: list[int], rounds: int, texts: list[str], lib: str, loop_name: str,
+                       release) -> None:
+    client = make_client(lib, url, len(clients) + 4)
+    try:
+        # Warm: one connection per client opened now, so the level's first requests don't pay the TCP connect.
+        statuses = await asyncio.gather(*(client.get_status("/health") for _ in clients))
+        if any(s != 200 for s in statuses):
+            raise RuntimeError(f"/health answered {sorted(set(statuses))} during warm-up")
+        bodies = {(c, r): speech_body(request_text(texts, c, r, rounds)) for c in clients for r in range(rounds)}
+        conn.send(("ready", None))
+        # The release is a multiprocessing.Event: waiting on it blocks, so wait in a thread and keep the loop free.
+        await asyncio.to_thread(release.wait)
+        started, cpu0 = time.monotonic(), _cpu_seconds()
+        records: list[dict] = []
+
+        async def closed_loop(c: int) -> None:
+            for r in range(rounds):
+                records.append({"client": c, "round": r, **(await one_request(client, bodies[(c, r)]))})
+
+        await asyncio.gather(*(closed_loop(c) for c in clients))
+        finished, cpu1 = time.monotonic(), _cpu_seconds()
+    finally:
+        await client.close()
+    conn.send(("done", ProcResult(records, started, finished, cpu1 - cpu0, lib, loop_name)))
+
+
+def _child_main(conn, url: str, clients: list[int], rounds: int, texts: list[str], lib: str, release) -> None:
+    """Entry point of one client process: run its clients, send back ``ProcResult`` or the error's traceback."""
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None
+        if uvloop is not None and hasattr(uvloop, "run"):
+            runner, loop_name = uvloop.run, "uvloop"
+        else:
+            runner, loop_name = asyncio.run, "asyncio"
+        runner(_run_clients(conn, url, clients, rounds, texts, lib, loop_name, release))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent with its message
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- the parent side
+
+class LoadGenError(RuntimeError):
+    """A client process failed; the message holds its traceback."""
+
+
+@contextlib.contextmanager
+def _children(count: int) -> Iterator[list]:
+    procs: list = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _collect(pending: dict, kind: str, deadline: float | None) -> dict[int, Any]:
+    """Wait until every pending child sent a message of ``kind``; a child error or death raises ``LoadGenError``."""
+    got: dict[int, Any] = {}
+    while len(got) < len(pending):
+        waiting = {i: (conn, proc) for i, (conn, proc) in pending.items() if i not in got}
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait_ready_objects([o for conn, proc in waiting.values() for o in (conn, proc.sentinel)], timeout)
+        if not ready:
+            raise LoadGenError(f"client processes {sorted(waiting)} not {kind} within {WARM_TIMEOUT_S:.0f} s")
+        for i, (conn, proc) in waiting.items():
+            if conn in ready or (proc.sentinel in ready and conn.poll()):
+                try:
+                    tag, payload = conn.recv()
+                except EOFError:
+                    raise LoadGenError(f"client process {i} exited with {proc.exitcode} before it was {kind}") from None
+                if tag == "error":
+                    raise LoadGenError(f"client process {i} failed:\n{payload}")
+                if tag != kind:
+                    raise LoadGenError(f"client process {i} sent {tag!r}, expected {kind!r}")
+                got[i] = payload
+            elif proc.sentinel in ready:
+                proc.join()
+                raise LoadGenError(f"client process {i} exited with {proc.exitcode} before it was {kind}")
+    return got
+
+
+def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], procs: int | None = None,
+              client_lib: str = "auto", on_release: Callable[[], None] | None = None,
+              on_done: Callable[[], None] | None = None) -> dict:
+    """``concurrency`` closed-loop streaming clients, ``rounds`` requests each, over ``procs`` processes.
+
+    Blocking (it waits on child processes): call it from a thread in async code.
+    ``on_release``/``on_done`` run right before the clients are released and right after the
+    last one reported (e.g. to sample the server's CPU time over the same window).
+    Returns ``summarize``'s level dict plus ``concurrency``.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not texts:
+        raise ValueError("texts must not be empty")
+    lib = pick_client_lib(client_lib)
+    groups = split_clients(concurrency, default_client_procs(concurrency) if procs is None else procs)
+    ctx = multiprocessing.get_context("spawn")
+    release = ctx.Event()
+    with _children(len(groups)) as children:
+        pending = {}
+        for i, clients in enumerate(groups):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child_main, name=f"loadgen-{i}", daemon=True,
+                               args=(child_end, url, clients, rounds, list(texts), lib, release))
+            proc.start()
+            child_end.close()  # only the child writes; EOF then means the child is gone
+            children.append(proc)
+            pending[i] = (parent_end, proc)
+        _collect(pending, "ready", time.monotonic() + WARM_TIMEOUT_S)
+        if on_release is not None:
+            on_release()
+        released = time.monotonic()
+        release.set()
+        results = _collect(pending, "done", None)
+        if on_done is not None:
+            on_done()
+    return {"concurrency": concurrency, **summarize([results[i] for i in sorted(results)], released)}
