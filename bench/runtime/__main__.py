@@ -86,21 +86,27 @@ def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chun
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def wait_ready(url: str, proc, timeout: float = 600) -> None:
+def log_tail(log: Path | None, lines: int = 20) -> str:
+    if log is None or not log.exists():
+        return ""
+    return "\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+async def wait_ready(url: str, proc, timeout: float = 600, log: Path | None = None) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
+                raise RuntimeError(f"server exited with {proc.returncode}; end of {log}:{log_tail(log)}")
             try:
                 if (await client.get(url + "/ready", timeout=2)).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.5)
-    raise RuntimeError("server did not become ready")
+    raise RuntimeError(f"server did not become ready in {timeout:.0f} s; end of {log}:{log_tail(log)}")
 
 
 async def scrape(url: str) -> dict[str, float]:
@@ -240,7 +246,7 @@ async def main_async(args) -> dict:
     texts = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
     try:
         t0 = time.perf_counter()
-        await wait_ready(url, proc)
+        await wait_ready(url, proc, log=log)
         startup = time.perf_counter() - t0
         sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
                                      client_lib=client_lib)

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The runtime's GPU measurements of issue #10 in ONE device call, inside 9 minutes.
+#
+#   run(kind="nvidia-h200", carry=[".whl", ".anchor"], timeout_s=600,
+#       command="bash bench/runtime/h200.sh --anchor")
+#
+# From the repository root. Steps, in this order (each one's output tee'd to <step>.log):
+#   anchor       python3 .anchor/chattts_gpt_anchor.py (the ceiling; ~1 min)      only with --anchor
+#   graph_check  python3 -m bench.runtime.graph_check --size full
+#   engine_load  python3 -m bench.runtime.engine_load --engine graph --size full ...
+#   graph        python3 -m bench.runtime ... --engine graph      (the speech API end to end)
+#   reference    python3 -m bench.runtime ... --engine reference  (slow)              only with --reference
+# Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
+# STEPS="anchor graph" in the environment. Each step is bounded by `timeout` (its own cap and
+# what is left of --budget, default 520 s, for the whole script); a failing step does not
+# stop the next; a summary says which passed.
+#
+# Comes back in $OUT (default bench/results/tmp/h200-out): summary.txt, results.tar.gz (every JSON/MD result),
+# logs.tar.gz (step logs, server logs and configs), and anchor.json when the anchor ran.
+set -uo pipefail
+
+STEPS="${STEPS:-}"
+BUDGET_S="${BUDGET_S:-520}"
+WHEELS="${WHEELS:-.whl}"  # cp312 wheels for the device image; WHEELS=none skips them
+with_anchor=0 with_reference=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --anchor) with_anchor=1 ;;
+    --reference) with_reference=1 ;;
+    --steps) STEPS="$2"; shift ;;
+    --budget) BUDGET_S="$2"; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$STEPS" ]; then
+  STEPS="graph_check engine_load graph"
+  [ "$with_anchor" = 1 ] && STEPS="anchor $STEPS"
+  [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
+fi
+for step in $STEPS; do
+  case "$step" in anchor|graph_check|engine_load|graph|reference) ;;
+    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph reference)" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")/../.." || exit 2
+export OUT="${OUT:-$PWD/bench/results/tmp/h200-out}"
+mkdir -p "$OUT"
+rm -f "$OUT/anchor.json"
+STAGE="$(mktemp -d)"
+mkdir -p "$STAGE/results" "$STAGE/logs"
+touch "$STAGE/started"  # only results written after this are collected (bench/results holds earlier runs)
+DATE="$(date -u +%Y-%m-%d)"
+export PYTHONUNBUFFERED=1
+
+# Wheels the image lacks (fastapi, uvicorn, httptools, ...): two versions of one package would stop pip.
+if [ "$WHEELS" != none ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+  dups="$(for w in "$WHEELS"/*.whl; do basename "$w" | cut -d- -f1 | tr 'A-Z.-' 'a-z__'; done | sort | uniq -d)"
+  if [ -n "$dups" ]; then
+    echo "h200.sh: $WHEELS holds several versions of: $dups" >&2
+    exit 2
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+    || { echo "h200.sh: installing $WHEELS failed" >&2; exit 2; }
+  export PYTHONPATH="/tmp/site:runtime:."
+else
+  export PYTHONPATH="runtime:.${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+  echo "== $(date -u +%FT%TZ) steps: $STEPS (budget ${BUDGET_S}s)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv 2>&1 || echo "nvidia-smi failed"
+  python3 -m pip show torch 2>/dev/null | sed -n '1,2p'
+  python3 - <<'EOF'
+import importlib.metadata as md
+for name in ("torch", "transformers", "fastapi", "uvicorn", "httptools", "uvloop", "aiohttp", "httpx", "pydantic"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} (not installed)")
+EOF
+  nproc | sed 's/^/cpus /'
+} 2>&1 | tee "$STAGE/logs/environment.log"
+
+# Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=150 [graph]=300 [reference]=240)
+RESERVE_S=15
+declare -A STATUS
+summary=()
+
+step_command() {
+  case "$1" in
+    anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
+    graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
+    engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,256 --rounds 2 --out $STAGE/results/engine_load-graph.json" ;;
+    graph|reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 8 --rounds 2 --engine $1 --max-model-len 1024 --tag h200-$DATE-$1" ;;
+  esac
+}
+
+for step in $STEPS; do
+  left=$((BUDGET_S - SECONDS - RESERVE_S))
+  limit=$(( CAP[$step] < left ? CAP[$step] : left ))
+  if [ "$limit" -lt 20 ]; then
+    STATUS[$step]="skipped (${left}s of budget left)"
+    summary+=("$step: ${STATUS[$step]}")
+    echo "== $step: ${STATUS[$step]}"
+    continue
+  fi
+  cmd="$(step_command "$step")"
+  echo "== $(date -u +%T) $step (limit ${limit}s): $cmd"
+  t0=$SECONDS
+  # timeout signals its whole process group: the runtime server and load generator children too.
+  timeout -k 10 "$limit" $cmd 2>&1 | tee "$STAGE/logs/$step.log"
+  rc=${PIPESTATUS[0]}
+  took=$((SECONDS - t0))
+  case "$rc" in
+    0) STATUS[$step]="passed" ;;
+    124|137) STATUS[$step]="TIMED OUT after ${limit}s"; sleep 2 ;;  # let the GPU memory go
+    *) STATUS[$step]="FAILED (exit $rc)" ;;
+  esac
+  summary+=("$step: ${STATUS[$step]} in ${took}s")
+  echo "== $step: ${STATUS[$step]} in ${took}s"
+done
+
+# Collect: results beside the step logs, server logs and configs of the benchmark runs.
+[ -f "$OUT/anchor.json" ] && cp "$OUT/anchor.json" "$STAGE/results/anchor-h200-$DATE.json"
+for engine in graph reference; do
+  for f in bench/results/runtime-h200-"$DATE"-"$engine".json bench/results/runtime-h200-"$DATE"-"$engine".md \
+           bench/results/tmp/bench-server-cuda-"$engine".log bench/results/tmp/bench-server-cuda-"$engine".yaml; do
+    if [ -f "$f" ] && [ "$f" -nt "$STAGE/started" ]; then
+      case "$f" in bench/results/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
+    fi
+  done
+done
+{
+  echo "h200.sh $(date -u +%FT%TZ), ${SECONDS}s, steps: $STEPS"
+  printf '%s\n' "${summary[@]}"
+} | tee "$OUT/summary.txt"
+tar -czf "$OUT/results.tar.gz" -C "$STAGE" results
+tar -czf "$OUT/logs.tar.gz" -C "$STAGE" logs
+ls -l "$OUT"
+failed=0
+for step in $STEPS; do [ "${STATUS[$step]}" = passed ] || failed=1; done
+exit $failed
