@@ -10,6 +10,9 @@
 #   engine_load  python3 -m bench.runtime.engine_load --engine graph --size full ...
 #   graph        python3 -m bench.runtime ... --engine graph      (the speech API end to end)
 #   reference    python3 -m bench.runtime ... --engine reference  (slow)              only with --reference
+#   loadgen      python3 -m bench.runtime.loadgen ...: the load generator's own ceiling on this machine
+#                (aiohttp and httpx, 1 and 8 processes, 256 streams, against a server that only writes
+#                chunks), so the reader can see the client was not the limit;     skipped with --no-loadgen
 # Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
 # STEPS="anchor graph" in the environment. Each step is bounded by `timeout` (its own cap and
 # what is left of --budget, default 520 s, for the whole script); a failing step does not
@@ -22,14 +25,15 @@ set -uo pipefail
 STEPS="${STEPS:-}"
 BUDGET_S="${BUDGET_S:-520}"
 WHEELS="${WHEELS:-.whl}"  # cp312 wheels for the device image; WHEELS=none skips them
-with_anchor=0 with_reference=0
+with_anchor=0 with_reference=0 with_loadgen=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --anchor) with_anchor=1 ;;
     --reference) with_reference=1 ;;
+    --no-loadgen) with_loadgen=0 ;;
     --steps) STEPS="$2"; shift ;;
     --budget) BUDGET_S="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -38,10 +42,11 @@ if [ -z "$STEPS" ]; then
   STEPS="graph_check engine_load graph"
   [ "$with_anchor" = 1 ] && STEPS="anchor $STEPS"
   [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
+  [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
 for step in $STEPS; do
-  case "$step" in anchor|graph_check|engine_load|graph|reference) ;;
-    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph reference)" >&2; exit 2 ;;
+  case "$step" in anchor|graph_check|engine_load|graph|reference|loadgen) ;;
+    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph reference loadgen)" >&2; exit 2 ;;
   esac
 done
 
@@ -85,7 +90,7 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=150 [graph]=300 [reference]=240)
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=150 [graph]=300 [reference]=240 [loadgen]=90)
 RESERVE_S=15
 declare -A STATUS
 summary=()
@@ -95,6 +100,7 @@ step_command() {
     anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
     graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
     engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,256 --rounds 2 --out $STAGE/results/engine_load-graph.json" ;;
+    loadgen) echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json" ;;
     graph|reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 8 --rounds 2 --engine $1 --max-model-len 1024 --tag h200-$DATE-$1" ;;
   esac
 }

@@ -347,3 +347,157 @@ def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], pro
         if on_done is not None:
             on_done()
     return {"concurrency": concurrency, **summarize([results[i] for i in sorted(results)], released)}
+
+
+# ---------------------------------------------------------------- capacity: the load generator against a trivial server
+#
+#   python -m bench.runtime.loadgen --concurrency 256 --client-procs 1,8 --client-lib aiohttp,httpx
+#
+# A server that only writes prepared PCM chunks (HTTP/1.1 chunked, as uvicorn streams the speech
+# API's body), in several processes sharing one port (SO_REUSEPORT), answers as fast as the load
+# generator reads. The figures are then the load generator's own ceiling: requests, chunks and
+# audio seconds per second it can take in, and its CPU, with each library and process count.
+
+FRAME_SAMPLES = 512
+FIRST_CHUNK_FRAMES = 8  # the runtime decodes a shorter first window for a quick first audio
+
+
+def chunk_plan(frames: int, chunk_frames: int, first: int = FIRST_CHUNK_FRAMES) -> list[int]:
+    """Frames per streamed chunk of one request: a short first window, then ``chunk_frames`` each."""
+    if frames < 1 or chunk_frames < 1:
+        raise ValueError(f"frames and chunk_frames must be >= 1, got {frames}, {chunk_frames}")
+    plan = [min(first, frames, chunk_frames)]
+    while sum(plan) < frames:
+        plan.append(min(chunk_frames, frames - sum(plan)))
+    return plan
+
+
+async def _serve_pcm(reader, writer, chunks: list[bytes], interval) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *headers = head.decode("latin-1").split("\r\n")
+            method, path, _ = request_line.split(" ", 2)
+            length = 0
+            for header in headers:
+                name, _, value = header.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            if length:
+                await reader.readexactly(length)
+            if path == "/health":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+            elif method == "POST" and path == SPEECH_PATH:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: audio/pcm\r\nTransfer-Encoding: chunked\r\n\r\n")
+                pause = interval.value  # shared with the parent, which changes it between levels
+                for chunk in chunks:
+                    if pause:
+                        await asyncio.sleep(pause)
+                    writer.write(chunk)
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+def _pcm_server_main(port: int, chunk_frames: list[int], interval: "multiprocessing.Value", ready) -> None:
+    import socket
+
+    chunks = [b"%x\r\n" % (n * FRAME_SAMPLES * 2) + b"\x00\x01" * (n * FRAME_SAMPLES) + b"\r\n" for n in chunk_frames]
+
+    async def serve() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        server = await asyncio.start_server(lambda r, w: _serve_pcm(r, w, chunks, interval), sock=sock,
+                                            backlog=4096)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    (uvloop.run if uvloop is not None and hasattr(uvloop, "run") else asyncio.run)(serve())
+
+
+def capacity_main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    import platform
+    import socket
+
+    p = argparse.ArgumentParser(prog="python -m bench.runtime.loadgen", description=capacity_main.__doc__)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=4, help="requests per client")
+    p.add_argument("--frames", type=int, default=128, help="frames per request (512 samples each)")
+    p.add_argument("--chunk-frames", type=int, default=24)
+    p.add_argument("--interval-ms", default="0",
+                   help="comma-separated server pauses before each chunk to compare (0: as fast as read; "
+                        "~120 ms paces 6-chunk requests like a server at RTF 0.25)")
+    p.add_argument("--server-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    p.add_argument("--client-procs", default=f"1,{default_client_procs(256)}", help="comma-separated counts to compare")
+    p.add_argument("--client-lib", default=",".join(CLIENT_LIBS), help="comma-separated libraries to compare")
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    plan = chunk_plan(args.frames, args.chunk_frames)
+    intervals = [float(v) / 1e3 for v in args.interval_ms.split(",")]
+    libs = []
+    for lib in args.client_lib.split(","):
+        try:
+            libs.append(pick_client_lib(lib))
+        except RuntimeError as err:
+            print(f"skipping {lib}: {err}", flush=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    servers = []
+    interval = ctx.Value("d", intervals[0], lock=False)  # read by the servers at each request
+    try:
+        for _ in range(args.server_procs):
+            ready = ctx.Event()
+            proc = ctx.Process(target=_pcm_server_main, args=(port, plan, interval, ready), daemon=True)
+            proc.start()
+            servers.append(proc)
+            if not ready.wait(30):
+                raise RuntimeError("capacity server did not start")
+        url = f"http://127.0.0.1:{port}"
+        texts = [f"capacity {i}" for i in range(64)]
+        rows = []
+        for pause, lib, procs in ((i, lib, int(n)) for i in intervals for lib in libs
+                                  for n in args.client_procs.split(",")):
+            interval.value = pause
+            row = run_level(url, args.concurrency, args.rounds, texts, procs=procs, client_lib=lib)
+            row.update(server_interval_ms=pause * 1e3, requests_per_s=row["requests"] / row["wall_s"],
+                       chunks_per_s=row["requests"] * len(plan) / row["wall_s"])
+            rows.append(row)
+            print(f"pause {pause * 1e3:5.0f} ms {lib:8s} {row['client_procs']} procs on {row['client_loop']}: "
+                  f"{row['requests_per_s']:8.1f} req/s {row['chunks_per_s']:9.1f} chunks/s "
+                  f"{row['throughput_audio_s_per_s']:9.1f} audio s/s, "
+                  f"ttfa p50 {row['ttfa_p50_s'] * 1e3:.1f} ms p99 {row['ttfa_p99_s'] * 1e3:.1f} ms, "
+                  f"client CPU busiest {row['loadgen_cpu_max_proc']:.2f} all {row['loadgen_cpu_cores']:.2f} cores",
+                  flush=True)
+    finally:
+        for proc in servers:
+            proc.terminate()
+        for proc in servers:
+            proc.join(timeout=10)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"params": vars(args), "chunk_plan": plan, "cpus": os.cpu_count(),
+                       "python": platform.python_version(), "rows": rows}, f, indent=1)
+    return 0
+
+
+capacity_main.__doc__ = "The load generator's own ceiling against a server that only writes prepared PCM chunks."
+
+if __name__ == "__main__":
+    raise SystemExit(capacity_main())

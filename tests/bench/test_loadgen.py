@@ -194,3 +194,22 @@ def test_an_unreachable_server_fails_the_level_during_warm_up():
         port = s.getsockname()[1]  # bound, not listening: connections are refused
         with pytest.raises(loadgen.LoadGenError, match="client process 0 failed"):
             loadgen.run_level(f"http://127.0.0.1:{port}", 2, 1, TEXTS, procs=1)
+
+
+# ---------------------------------------------------------------- capacity check (python -m bench.runtime.loadgen)
+
+@pytest.mark.parametrize(("frames", "chunk", "plan"), [(128, 24, [8, 24, 24, 24, 24, 24]), (8, 24, [8]),
+                                                       (5, 24, [5]), (30, 4, [4] * 7 + [2]), (50, 24, [8, 24, 18])])
+def test_chunk_plan_short_first_window_then_full_chunks(frames, chunk, plan):
+    assert loadgen.chunk_plan(frames, chunk) == plan
+
+
+def test_capacity_check_streams_the_planned_audio(tmp_path):
+    out = tmp_path / "capacity.json"
+    assert loadgen.capacity_main(["--concurrency", "4", "--rounds", "2", "--frames", "40", "--server-procs", "1",
+                                  "--client-procs", "1,2", "--client-lib", "aiohttp,httpx", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["client_procs"] for r in report["rows"]] == [1, 2] * (len(report["rows"]) // 2)
+    for row in report["rows"]:
+        assert row["requests"] == 8
+        assert row["audio_s"] == pytest.approx(8 * 40 * loadgen.FRAME_SAMPLES / loadgen.SAMPLE_RATE)
