@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import struct
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -97,6 +98,59 @@ def _encode_av(samples: np.ndarray, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class StreamWindows:
+    """When a stream's frames are decoded to audio, and over which frames.
+
+    The first window ends after ``first_frames`` (short, for time to first audio), the
+    next ones every ``chunk_frames``. Each window decodes its new frames plus at least
+    ``context_frames`` already-sent ones on the left (the convolution stacks need
+    history), and never fewer than ``window_frames`` frames in all once a stream is that
+    long: so a stream's windows take only a few shapes (the early ones, then
+    ``window_frames`` for every later and final window), which is what lets an engine
+    decode them with a few captured CUDA graphs. The speech API and the graph engine
+    both follow this one schedule, so their audio is the same.
+    """
+
+    chunk_frames: int = 24
+    context_frames: int = 40
+
+    @property
+    def first_frames(self) -> int:
+        return max(1, self.chunk_frames // 3)
+
+    @property
+    def window_frames(self) -> int:
+        return self.chunk_frames + self.context_frames
+
+    def start(self, decoded: int, end: int) -> int:
+        """First frame of the window that ends at ``end`` when ``decoded`` frames were decoded before."""
+        return max(0, min(decoded - self.context_frames, end - self.window_frames))
+
+    def next_end(self, decoded: int) -> int:
+        """Frame count at which the window after ``decoded`` frames is due (if the stream goes on)."""
+        return self.first_frames if decoded == 0 else decoded + self.chunk_frames
+
+    def regular_shapes(self) -> list[int]:
+        """Window lengths (frames) of every window but a short stream's last one."""
+        shapes, end = [], self.first_frames
+        while end < self.window_frames:
+            shapes.append(end)
+            end += self.chunk_frames
+        return shapes + [self.window_frames]
+
+
+def unsent_samples(samples_per_frame: int, start: int, emitted: int, audio: np.ndarray) -> tuple[np.ndarray, int]:
+    """A window's decoded audio (window starting at frame ``start``) -> (samples not sent yet, new sent count).
+
+    A centred ISTFT over ``n`` frames yields ``(2n - 1) * hop`` samples: the last
+    half-frame is only final once the next window exists, so it is never sent.
+    """
+    offset = start * samples_per_frame
+    stop = offset + len(audio)
+    return audio[emitted - offset:stop - offset], max(emitted, stop)
+
+
 class StreamingDecoder:
     """Frames in, final audio samples out, chunk by chunk.
 
@@ -108,9 +162,10 @@ class StreamingDecoder:
     of many streams can be decoded in one batch (:class:`BatchedDecoder`).
     """
 
-    def __init__(self, samples_per_frame: int, context_frames: int = 40):
+    def __init__(self, samples_per_frame: int, context_frames: int = 40, windows: StreamWindows | None = None):
         self._spf = samples_per_frame
-        self._context = context_frames
+        self._context = windows.context_frames if windows is not None else context_frames
+        self._windows = windows
         self._frames: list[np.ndarray] = []
         self._emitted = 0  # samples already returned
         self._decoded_frames = 0
@@ -127,15 +182,15 @@ class StreamingDecoder:
         n = len(self._frames)
         if n == 0 or self.pending_frames == 0:
             return None
-        start = max(0, self._decoded_frames - self._context)
+        if self._windows is not None:
+            start = self._windows.start(self._decoded_frames, n)
+        else:
+            start = max(0, self._decoded_frames - self._context)
         return np.stack(self._frames[start:n]), start, n
 
     def accept(self, audio: np.ndarray, start: int, n: int) -> np.ndarray:
         """The decoded window's audio -> the samples not sent yet."""
-        offset = start * self._spf
-        end = offset + len(audio)  # (2n - 1) * hop: the centred ISTFT's length for n frames
-        out = audio[self._emitted - offset:end - offset]
-        self._emitted = max(self._emitted, end)
+        out, self._emitted = unsent_samples(self._spf, start, self._emitted, audio)
         self._decoded_frames = n
         return out.astype(np.float32, copy=False)
 

@@ -160,12 +160,15 @@ def create_engine(config: RuntimeConfig, model, observer):
                                max_waiting=config.server.max_queue, max_model_len=config.engine.max_model_len,
                                observer=observer)
     if config.engine_kind == EngineKind.GRAPH:
+        from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
         from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
 
-        # Frames go to a stream as often as the speech API decodes them (its first window is a third).
+        # Streams get audio decoded in the engine on the speech API's window schedule; other
+        # requests get frames as often as the speech API would decode them (a third of a window).
+        windows = StreamWindows(config.generation.stream_chunk_frames)
         return GraphEngine(model, max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
                            max_model_len=config.engine.max_model_len, observer=observer,
-                           emit_frames=max(1, config.generation.stream_chunk_frames // 3))
+                           emit_frames=windows.first_frames, windows=windows)
     # The vLLM engine lives in engines/vllm* (its own issue); it takes the same arguments.
     from chattts_runtime.engines.vllm import VLLMEngine  # noqa: PLC0415
 

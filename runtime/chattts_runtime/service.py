@@ -16,7 +16,8 @@ from typing import AsyncIterator, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chattts_runtime.audio_io import BatchedDecoder, StreamingDecoder, UnsupportedFormat, check_format, encode
+from chattts_runtime.audio_io import (
+    BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
 from chattts_runtime.metrics import RuntimeMetrics
@@ -144,9 +145,12 @@ class SpeechService:
             min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
             seed=gen.seed if req.seed is None else req.seed,
         )
+        hidden = gen.audio_decoder == "decoder"
         request = SynthesisRequest(
             request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
-            params=params, want_hidden=gen.audio_decoder == "decoder")
+            params=params, want_hidden=hidden,
+            # Engines that decode audio in their own loop do it for streams (same windows as ours).
+            want_audio=req.streaming and not hidden and self.engine.decodes_audio)
         return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
 
     # -- generation ------------------------------------------------------------------------
@@ -218,11 +222,14 @@ class SpeechService:
             self.in_flight -= 1
 
     async def stream_audio(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk]) -> AsyncIterator[np.ndarray]:
-        """Streaming path: decoded sample chunks as frames arrive (first chunk smaller for latency)."""
+        """Streaming path: audio chunks as frames arrive (first chunk smaller for latency).
+
+        Windows follow ``StreamWindows``; the engine decodes them itself when the request
+        has ``want_audio``, else they are decoded here, batched across streams.
+        """
         req = synthesis.request
-        gen = self.config.generation
-        decoder = StreamingDecoder(self.model.sizes.samples_per_frame)
-        first_chunk = max(1, gen.stream_chunk_frames // 3)
+        windows = StreamWindows(self.config.generation.stream_chunk_frames)
+        decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
         produced = 0
         status = "aborted"
         self.in_flight += 1
@@ -232,13 +239,18 @@ class SpeechService:
                     status = "error"
                     log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
                     return
-                if len(chunk.codes):
-                    decoder.push(self._frames_of(chunk, req.want_hidden))
-                due = first_chunk if produced == 0 else gen.stream_chunk_frames
-                if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
-                    frames, start, n = decoder.next_window()
-                    samples = decoder.accept(await self._batched.decode(frames), start, n)
-                    if produced == 0 and len(samples):
+                samples = None
+                if req.want_audio:
+                    samples = chunk.audio
+                else:
+                    if len(chunk.codes):
+                        decoder.push(self._frames_of(chunk, req.want_hidden))
+                    due = windows.first_frames if produced == 0 else windows.chunk_frames
+                    if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
+                        frames, start, n = decoder.next_window()
+                        samples = decoder.accept(await self._batched.decode(frames), start, n)
+                if samples is not None and len(samples):
+                    if produced == 0:
                         self.metrics.ttfa.observe(time.monotonic() - req.arrival)
                     produced += len(samples)
                     yield samples

@@ -84,6 +84,9 @@ class SynthesisRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     arrival: float = field(default_factory=time.monotonic)
     want_hidden: bool = False  # stream GPT hidden states too (decoder audio path)
+    # Stream decoded audio (``FrameChunk.audio``) instead of leaving decoding to the caller. Only
+    # engines with ``decodes_audio = True`` honour it; the speech API asks only those.
+    want_audio: bool = False
 
 
 @dataclass
@@ -93,6 +96,7 @@ class FrameChunk:
     finished: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "aborted" | "error"
     error: str | None = None
+    audio: np.ndarray | None = None  # float32 samples not sent before, for ``want_audio`` requests
 
 
 class SchedulerObserver(Protocol):
@@ -113,6 +117,7 @@ class Engine(abc.ABC):
     """Base class: see the module docstring for the contract."""
 
     name: str = "engine"
+    decodes_audio: bool = False  # honours SynthesisRequest.want_audio (see there)
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -1,34 +1,42 @@
-"""The graph engine: a static slot KV cache, one CUDA graph per (batch, length) bucket.
+"""The graph engine: a static slot KV cache, CUDA graphs for every step, audio decoded in the loop.
 
 Why: the reference engine is host-bound on a GPU (hundreds of small launches per step,
 a KV cache that is re-packed whenever a request joins or leaves, per-row Python
 sampling). Here every running request owns a *slot*: a fixed row of a preallocated KV
-cache ``[slots, kv_heads, max_model_len, head_dim]`` plus per-slot sampling state on the
-device. A decode step reads and writes only these static buffers, so it is captured
-once per (batch bucket, length bucket) and replayed; sampling of the 4 code heads
-(temperature, repetition penalty, top-k, top-p, min-frames, uniforms from a counter
-hash) runs inside the same graph, and the sampled codes are written straight back into
-the next step's input buffer. The host loop therefore launches step ``t+1`` before it
-reads step ``t``'s codes (one step of lag), and only touches Python per request when
-frames are handed out.
+cache ``[slots, kv_heads, max_model_len, head_dim]`` plus per-slot sampling state and
+frame history on the device. Three kinds of work are captured once and replayed:
 
-Slots: a newcomer takes the lowest free slot; a step runs slots ``[0, batch bucket)``,
-and free slots inside that range compute rows nobody reads (their writes stay in their
-own slot and are overwritten by the next prefill). Attention covers columns
-``[0, length bucket)``, masked per row at its own position.
+* a decode step for slots ``[0, batch bucket)`` over KV columns ``[0, length bucket)``,
+  with sampling of the 4 code heads (temperature, repetition penalty, top-k, top-p,
+  min-frames, uniforms from a counter hash) inside the graph; sampled codes are written
+  straight back into the next step's input buffer;
+* a prefill of up to ``prefill_rows`` newcomers (prompt embedding with the speaker
+  vector, sampling parameters loaded into their slots, first frame sampled), per
+  (newcomer bucket, prompt-length bucket); one host->device copy feeds it;
+* for ``want_audio`` streams, the DVAE + Vocos decode of audio windows gathered from the
+  slots' frame history, per (window bucket, window length), on a second CUDA stream so
+  it overlaps the GPT steps.
 
-Prefills (newcomers' prompts, batched, right-padded into their slots) run eagerly; while
-others decode, newcomers are gathered for ``admit_interval``. Frames reach a stream
-``emit_frames`` at a time. Measured on an H200: bench/results/runtime-h200-2026-11-30-graph-summary.md.
+The host loop launches step ``t+1`` before it reads step ``t``'s codes (one step of
+lag) and handles those codes with array operations over all slots; Python runs per
+request only when a chunk is due or a request ends. Free slots inside the batch range
+compute rows nobody reads (their writes stay in their own slot and are overwritten by
+the next prefill); one extra *scratch* slot absorbs the padding rows of prefills.
 
-On CPU the same code runs eagerly (no capture): the equality test against the reference
-engine (greedy, float32) exercises exactly the slot, cache and sampling logic served on
-the GPU. Greedy output equals the reference engine's; sampled output is reproducible per
-seed here but uses other random draws than the reference (a device-side hash instead of
-a CPU generator per request).
+Frames or audio reach a stream in chunks: frames every ``emit_frames``; audio on the
+schedule of :class:`~chattts_runtime.audio_io.StreamWindows`, which the speech API's own
+decoder follows too, so both give the same samples. Measured on an H200:
+bench/results/runtime-h200-*-summary.md.
+
+On CPU the same code runs eagerly (no capture, no second stream): the equality tests
+against the reference engine (greedy, float32) exercise exactly the slot, cache,
+prefill, sampling and windowing logic served on the GPU. Greedy output equals the
+reference engine's; sampled output is reproducible per seed here but uses other random
+draws than the reference (a device-side hash instead of a CPU generator per request).
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import logging
 import threading
@@ -39,7 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from chattts_runtime.engines.base import EngineError, FrameChunk, SamplingParams, SchedulerObserver, SynthesisRequest
+from chattts_runtime.audio_io import StreamWindows, unsent_samples
+from chattts_runtime.engines.base import EngineError, FrameChunk, SchedulerObserver, SynthesisRequest
 from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
 
 log = logging.getLogger(__name__)
@@ -92,58 +101,59 @@ def pick_bucket(buckets: list[int], need: int) -> int:
     raise ValueError(f"{need} exceeds the largest bucket {buckets[-1]}")
 
 
-class SlotState:
-    """Device buffers shared by every captured graph (addresses must never change)."""
+# Prefill metadata columns in SlotState.prefill_long, before the prompt ids.
+_PF_LENGTH, _PF_SLOT, _PF_SPEAKER, _PF_TOP_K, _PF_WINDOW, _PF_MIN_FRAMES, _PF_SEED = range(7)
+PF_META = 7
+# ... and in SlotState.prefill_float, before the speaker vector.
+_PF_TEMPERATURE, _PF_TOP_P, _PF_PENALTY = range(3)
+PF_FLOAT_META = 3
 
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device):
+
+class SlotState:
+    """Device buffers shared by every captured graph (addresses must never change).
+
+    ``slots`` request slots plus one scratch slot (index ``slots``) for prefill padding.
+    """
+
+    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
+                 audio_rows: int):
         s = gpt.sizes
-        self.slots, self.max_len, self.num_vq = slots, max_len, s.num_vq
+        total = slots + 1
+        self.slots, self.scratch, self.max_len, self.num_vq = slots, slots, max_len, s.num_vq
         self.vocab = s.num_audio_tokens
         kv = dict(dtype=gpt.dtype, device=device)
-        self.keys = [torch.zeros(slots, s.num_key_value_heads, max_len, s.head_dim, **kv)
+        self.keys = [torch.zeros(total, s.num_key_value_heads, max_len, s.head_dim, **kv)
                      for _ in range(s.num_hidden_layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         lng = dict(dtype=torch.long, device=device)
-        self.rows = torch.arange(slots, **lng)
+        self.rows = torch.arange(total, **lng)
         self.columns = torch.arange(max_len, **lng)
-        self.codes = torch.zeros(slots, s.num_vq, **lng)  # next step's input = last sampled frame
-        self.position = torch.zeros(slots, **lng)  # position id of the next input
-        self.generated = torch.zeros(slots, **lng)  # frames sampled so far
-        self.history = torch.full((slots, MAX_REPETITION_WINDOW, s.num_vq), self.vocab, **lng)
-        self.hidden = torch.zeros(slots, s.hidden_size, **kv)
+        self.codes = torch.zeros(total, s.num_vq, **lng)  # next step's input = last sampled frame
+        self.position = torch.zeros(total, **lng)  # position id of the next input
+        self.generated = torch.zeros(total, **lng)  # frames sampled so far
+        self.history = torch.full((total, MAX_REPETITION_WINDOW, s.num_vq), self.vocab, **lng)
+        self.frames = torch.zeros(total, max_len, s.num_vq, **lng)  # every frame, for audio windows
+        self.hidden = torch.zeros(total, s.hidden_size, **kv)
         f32 = dict(dtype=torch.float32, device=device)
-        self.temperature = torch.zeros(slots, **f32)
-        self.top_p = torch.ones(slots, **f32)
-        self.penalty = torch.ones(slots, **f32)
-        self.top_k = torch.zeros(slots, **lng)
-        self.window = torch.zeros(slots, **lng)
-        self.min_frames = torch.zeros(slots, **lng)
-        self.seed = torch.zeros(slots, **lng)
+        self.temperature = torch.zeros(total, **f32)
+        self.top_p = torch.ones(total, **f32)
+        self.penalty = torch.ones(total, **f32)
+        self.top_k = torch.zeros(total, **lng)
+        self.window = torch.zeros(total, **lng)
+        self.min_frames = torch.zeros(total, **lng)
+        self.seed = torch.zeros(total, **lng)
+        # Prefill inputs (written by one host->device copy per prefill) and output.
+        self.prefill_long = torch.zeros(prefill_rows, PF_META + max_len, **lng)
+        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
+        self.prefill_codes = torch.zeros(prefill_rows, s.num_vq, **lng)
+        # Audio window inputs: (slot, first frame) per row.
+        self.audio_windows = torch.zeros(audio_rows, 2, **lng)
 
     def reset_sampling(self) -> None:
         self.position.zero_()
         self.generated.zero_()
         self.codes.zero_()
         self.history.fill_(self.vocab)
-
-    def load_requests(self, slots: torch.Tensor, params: list[SamplingParams], seeds: list[int],
-                      positions: list[int]) -> None:
-        """Write newcomers' sampling parameters into their slots (one copy per field)."""
-        dev = slots.device
-
-        def put(buf: torch.Tensor, values, dtype) -> None:
-            buf[slots] = torch.tensor(values, dtype=dtype).to(dev)
-
-        put(self.temperature, [p.temperature for p in params], torch.float32)
-        put(self.top_p, [p.top_p for p in params], torch.float32)
-        put(self.penalty, [p.repetition_penalty for p in params], torch.float32)
-        put(self.top_k, [p.top_k for p in params], torch.long)
-        put(self.window, [p.repetition_window for p in params], torch.long)
-        put(self.min_frames, [p.min_new_frames for p in params], torch.long)
-        put(self.seed, [_signed(s % _U64) for s in seeds], torch.long)
-        put(self.position, positions, torch.long)
-        self.generated[slots] = 0
-        self.history[slots] = self.vocab
 
 
 def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torch.Tensor:
@@ -189,49 +199,56 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torc
 
 
 def record_frames(state: SlotState, rows, codes: torch.Tensor) -> None:
-    """Store sampled codes as the slots' next input and in their repetition history."""
+    """Store sampled codes as the slots' next input, in their repetition history and frame history."""
     generated = state.generated[rows]
     ring = generated % MAX_REPETITION_WINDOW
-    if isinstance(rows, slice):
-        state.history[state.rows[rows], ring] = codes
-        state.codes[rows] = codes
-        state.generated[rows] += 1
-    else:
-        state.history[rows, ring] = codes
-        state.codes[rows] = codes
-        state.generated[rows] = generated + 1
+    # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
+    frame = generated.clamp(max=state.max_len - 1)
+    index = state.rows[rows] if isinstance(rows, slice) else rows
+    state.history[index, ring] = codes
+    state.frames[index, frame] = codes
+    state.codes[rows] = codes
+    state.generated[rows] = generated + 1
 
 
-def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> None:
-    """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only."""
+def _attention_layers(gpt, state: SlotState, h: torch.Tensor, cos, sin, mask, write_kv) -> torch.Tensor:
+    """The Llama body over ``h [B, T, H]``; ``write_kv(layer, k, v)`` stores new keys and returns those to attend."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
 
     s = gpt.sizes
-    llama = gpt.llama
-    rows = state.rows[:batch]
-    position = state.position[:batch]
-    h = gpt.embed.embed_codes(state.codes[:batch]).to(gpt.dtype)[:, None, :]  # [B, 1, H]
-    cos, sin = llama.rotary_emb(h, position[:, None])
-    mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
+    b, t, _ = h.shape
     groups = s.num_attention_heads // s.num_key_value_heads
-    for idx, layer in enumerate(llama.layers):
+    for idx, layer in enumerate(gpt.llama.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(batch, 1, -1, s.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(batch, 1, -1, s.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(batch, 1, -1, s.head_dim).transpose(1, 2)
+        q = attn.q_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        state.keys[idx][rows, :, position] = k[:, :, 0]
-        state.values[idx][rows, :, position] = v[:, :, 0]
-        keys = state.keys[idx][:batch, :, :length]
-        values = state.values[idx][:batch, :, :length]
+        keys, values = write_kv(idx, k, v)
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, 1, -1))
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    hidden = llama.norm(h)[:, 0]
+    return gpt.llama.norm(h)
+
+
+def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> None:
+    """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only."""
+    rows = state.rows[:batch]
+    position = state.position[:batch]
+    h = gpt.embed.embed_codes(state.codes[:batch]).to(gpt.dtype)[:, None, :]  # [B, 1, H]
+    cos, sin = gpt.llama.rotary_emb(h, position[:, None])
+    mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
+
+    def write_kv(idx, k, v):
+        state.keys[idx][rows, :, position] = k[:, :, 0]
+        state.values[idx][rows, :, position] = v[:, :, 0]
+        return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
+
+    hidden = _attention_layers(gpt, state, h, cos, sin, mask, write_kv)[:, 0]
     state.hidden[:batch] = hidden
     codes = sample_slots(state, slice(0, batch), gpt.embed.code_logits(hidden), eos)
     record_frames(state, slice(0, batch), codes)
@@ -239,58 +256,77 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> Non
     state.position[:batch] = torch.clamp(position + 1, max=state.max_len - 1)
 
 
-def prefill_slots(gpt, state: SlotState, slots: torch.Tensor, embeds: list[torch.Tensor], eos: int) -> None:
-    """Run newcomers' prompts (right-padded, together) into their slots and sample their first frames."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
+def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speaker_token: int | None) -> None:
+    """Prefill ``rows`` newcomers from ``state.prefill_*`` (prompts right-padded to ``length``); static shapes.
 
-    s = gpt.sizes
-    llama = gpt.llama
-    dev = state.rows.device
-    b, t = len(embeds), max(e.shape[0] for e in embeds)
-    h = torch.zeros(b, t, s.hidden_size, dtype=gpt.dtype, device=dev)
-    for row, e in enumerate(embeds):
-        h[row, :e.shape[0]] = e
-    lengths = torch.tensor([e.shape[0] for e in embeds], device=dev)
-    positions = state.columns[:t].expand(b, t)
+    Loads each newcomer's sampling parameters into its slot, embeds its prompt (the
+    speaker token's position carries the L2-normed speaker vector), runs the prompt into
+    the slot's KV cache and samples its first frame into ``state.prefill_codes``.
+    Padding rows point at the scratch slot.
+    """
+    meta = state.prefill_long[:rows]
+    floats = state.prefill_float[:rows]
+    lengths, slots = meta[:, _PF_LENGTH], meta[:, _PF_SLOT]
+    state.temperature[slots] = floats[:, _PF_TEMPERATURE]
+    state.top_p[slots] = floats[:, _PF_TOP_P]
+    state.penalty[slots] = floats[:, _PF_PENALTY]
+    state.top_k[slots] = meta[:, _PF_TOP_K]
+    state.window[slots] = meta[:, _PF_WINDOW]
+    state.min_frames[slots] = meta[:, _PF_MIN_FRAMES]
+    state.seed[slots] = meta[:, _PF_SEED]
+    state.position[slots] = lengths
+    state.generated[slots] = 0
+    state.history[slots] = state.vocab
+
+    ids = meta[:, PF_META:PF_META + length]
+    h = gpt.embed.emb_text(ids).to(gpt.dtype)
+    if speaker_token is not None:
+        speaker = F.normalize(floats[:, PF_FLOAT_META:], p=2.0, dim=-1, eps=1e-12).to(h.dtype)
+        where = (ids == speaker_token) & (meta[:, _PF_SPEAKER] > 0)[:, None]
+        h = torch.where(where[..., None], speaker[:, None, :], h)
+    positions = state.columns[:length].expand(rows, length)
     # Causal within the prompt; padding (at the end) is never seen by a real query.
-    mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril().expand(b, 1, t, t)
-    cos, sin = llama.rotary_emb(h, positions)
-    groups = s.num_attention_heads // s.num_key_value_heads
-    cols = state.columns[:t][None, :]
-    for idx, layer in enumerate(llama.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    mask = torch.ones(length, length, dtype=torch.bool, device=h.device).tril().expand(rows, 1, length, length)
+    cos, sin = gpt.llama.rotary_emb(h, positions)
+    cols = state.columns[:length][None, :]
+
+    def write_kv(idx, k, v):
         state.keys[idx][slots[:, None], :, cols] = k.transpose(1, 2)
         state.values[idx][slots[:, None], :, cols] = v.transpose(1, 2)
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    hidden = llama.norm(h)[torch.arange(b, device=dev), lengths - 1]
+        return k, v
+
+    out = _attention_layers(gpt, state, h, cos, sin, mask, write_kv)
+    hidden = out[state.rows[:rows], lengths - 1]
     state.hidden[slots] = hidden
     codes = sample_slots(state, slots, gpt.embed.code_logits(hidden), eos)
     record_frames(state, slots, codes)
+    state.prefill_codes[:rows] = codes
+
+
+def decode_windows(model, state: SlotState, rows: int, frames: int) -> torch.Tensor:
+    """Audio of ``rows`` windows of ``frames`` frames, each (slot, first frame) in ``state.audio_windows``."""
+    windows = state.audio_windows[:rows]
+    index = (windows[:, 1:2] + state.columns[None, :frames]).clamp(max=state.max_len - 1)
+    return model.codes_to_audio(state.frames[windows[:, 0:1], index])
 
 
 @dataclass
 class _Slotted(_Sequence):
     slot: int = -1
-    count: int = 0  # frames accepted
-    pending: list[np.ndarray] = field(default_factory=list)
-    pending_hidden: list[np.ndarray] = field(default_factory=list)
+    sent: int = 0  # frames handed out (frames path) or decoded to audio (audio path)
+    samples_sent: int = 0  # audio path: samples handed out
+    hidden: list[np.ndarray] = field(default_factory=list)  # want_hidden rows not handed out yet
+    aborted: bool = False
+    pending_window: "_Window | None" = None  # due this iteration, not launched yet
 
 
 @dataclass
 class _Output:
-    """Frames of one launched step (or prefill) on their way to the host."""
+    """Codes of one launched step or prefill on their way to the host."""
 
-    entries: list[tuple[_Slotted, int, int]]  # (sequence, position after the step, row in codes)
+    slots: np.ndarray  # slot of each row read
+    epochs: np.ndarray  # the slots' epochs at launch: a slot reused since then is skipped
+    rows: np.ndarray  # row of each slot in ``codes``
     codes: torch.Tensor
     hidden: torch.Tensor | None
     ready: object = None  # a CUDA event, or None on CPU
@@ -301,59 +337,126 @@ class _Output:
         return self.codes.numpy(), (self.hidden.float().numpy() if self.hidden is not None else None)
 
 
+@dataclass
+class _Window:
+    """One stream's audio window: frames ``[start, end)``; ``final`` ends the stream after it."""
+
+    seq: _Slotted
+    start: int
+    end: int
+    codes: np.ndarray  # the frames new in this window (handed out with its audio)
+    final: str | None = None
+    decoded_before: int = 0  # the stream's decoded frames before this window
+
+
+@dataclass
+class _AudioBatch:
+    """Windows of one length decoded together (or only end-of-stream markers), in launch order."""
+
+    windows: list[_Window]
+    audio: torch.Tensor | None = None  # [rows, samples] on the host once ``ready``
+    ready: object = None
+
+    def done(self, block: bool) -> bool:
+        if self.ready is None:
+            return True
+        if block:
+            self.ready.synchronize()
+            return True
+        return self.ready.query()
+
+
 class GraphEngine(ReferenceEngine):
-    """Continuous batching over static slots with graph-replayed decode steps (see module docstring).
+    """Continuous batching over static slots with graph-replayed steps (see the module docstring).
 
     Shares the reference engine's request side (submit, abort, streams, stop) and
-    replaces its worker. ``emit_frames`` frames are handed to a stream at a time (the
-    speech API decodes windows of several frames anyway), so the event loop is woken
-    once per few steps per request instead of every step.
+    replaces its worker.
     """
 
     name = "graph"
+    decodes_audio = True
 
     def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256, max_model_len: int = 2048,
                  observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None,
-                 gil_switch_interval: float | None = 0.001, admit_interval: float | None = None):
+                 gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
+                 windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 256,
+                 audio_rows: int = 64, pad_shapes: bool | None = None):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
                          observer=observer)
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
+        if prefill_rows < 1 or audio_rows < 1:
+            raise ValueError("prefill_rows and audio_rows must be >= 1")
         self.emit_frames = emit_frames
-        # The loop thread shares the GIL with the event loop and the audio-decode thread; at the
-        # default 5 ms switch interval a step that is ready waits up to a whole GPU step or more for
-        # the GIL. None leaves the interpreter's setting alone (it is process-wide).
+        self.windows = windows or StreamWindows()
+        # The loop thread shares the GIL with the event loop; at the default 5 ms switch interval
+        # a step that is ready waits up to a whole GPU step or more for the GIL. None leaves the
+        # interpreter's setting alone (it is process-wide).
         self.gil_switch_interval = gil_switch_interval
         self.cuda = model.device.type == "cuda"
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         if self.use_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
-        # A prefill runs eagerly (an eager step costs ~15 ms of host time on an H200 whatever its
-        # size), so while others are decoding, newcomers are gathered for up to admit_interval
-        # seconds and prefilled together; an idle engine admits at once. Default: 50 ms on CUDA,
-        # 0 on CPU. Measured on the H200 (bench/results/runtime-h200-2026-11-30-graph-summary.md):
-        # lower TTFA p50 at 16 streams, no throughput change at 64-256 (the server is bound elsewhere).
-        self.admit_interval = (0.05 if self.cuda else 0.0) if admit_interval is None else admit_interval
+        # Prefills and audio windows padded to the captured shapes (scratch-slot rows, padded prompts).
+        # Always with graphs; on CPU optional, so tests run the exact shapes the GPU replays.
+        self.pad_shapes = self.use_graphs if pad_shapes is None else pad_shapes
+        # While others decode, newcomers are gathered for up to admit_interval seconds and prefilled
+        # together (each prefill is one more graph on the GPU's critical path); an idle engine
+        # admits at once. Default: 20 ms on CUDA, 0 on CPU.
+        self.admit_interval = (0.02 if self.cuda else 0.0) if admit_interval is None else admit_interval
         if self.admit_interval < 0:
             raise ValueError("admit_interval must be >= 0")
         self.batch_buckets = bucket_sizes(max_num_seqs)
         self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len))
+        self.prefill_rows = min(prefill_rows, max_num_seqs)
+        self.prefill_row_buckets = bucket_sizes(self.prefill_rows)
+        # Longer prompts are prefilled eagerly (same code, exact shape).
+        self.prefill_length_buckets = bucket_sizes(min(prefill_max_len, max_model_len),
+                                                   smallest=min(32, max_model_len))
+        self.audio_rows = audio_rows
+        self.audio_row_buckets = bucket_sizes(audio_rows)
+        self.audio_lengths = [n for n in self.windows.regular_shapes() if n <= max_model_len]
         self._state: SlotState | None = None
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._free: list[int] = list(range(max_num_seqs))
+        self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._audio_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._audio_stream = None
+        self._speaker_token = getattr(model.tokenizer, "spk_emb_id", None)
+        self._samples_per_frame = model.sizes.samples_per_frame
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self.capture_seconds = 0.0
+        # Host mirror of the slots (index = slot; the last one is the scratch slot).
+        total = max_num_seqs + 1
+        self._running: dict[int, _Slotted] = {}
+        self._free: list[int] = list(range(max_num_seqs))
+        self._active = np.zeros(total, bool)
+        self._epoch = np.zeros(total, np.int64)
+        self._count = np.zeros(total, np.int64)  # frames accepted
+        self._limit = np.zeros(total, np.int64)  # frames allowed (max_new_frames, max_model_len)
+        self._next_emit = np.zeros(total, np.int64)  # frame count at which the next chunk is due
+        self._position = np.zeros(total, np.int64)  # position id of the next input, as launched
+        self._want_hidden = np.zeros(total, bool)
+        self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
+        self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
     def describe(self) -> dict:
         return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
-                "graphs": len(self._graphs), "emit_frames": self.emit_frames,
+                "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
+                "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
+                "audio_graphs": len(self._audio_graphs), "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     def submit(self, request: SynthesisRequest):
         if request.params.repetition_window > MAX_REPETITION_WINDOW:
             raise EngineError(f"repetition_window {request.params.repetition_window} exceeds "
                               f"{MAX_REPETITION_WINDOW} (graph engine)")
+        if request.want_audio and request.want_hidden:
+            raise EngineError("want_audio decodes codes (DVAE); it cannot be combined with want_hidden")
         return super().submit(request)
 
     async def start(self) -> None:
@@ -372,29 +475,55 @@ class GraphEngine(ReferenceEngine):
 
     def _setup(self) -> None:
         self.model.gpt.embed.fuse_weight_norm()  # no re-normalisation inside the graphs
-        self._state = SlotState(self.model.gpt, self.max_num_seqs, self.max_model_len, self.model.device)
+        self._state = SlotState(self.model.gpt, self.max_num_seqs, self.max_model_len, self.model.device,
+                                self.prefill_rows, self.audio_rows)
+        if self.cuda:
+            self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
             began = time.monotonic()
             self._capture_all()
             self.capture_seconds = time.monotonic() - began
-            log.info("captured %d decode graphs in %.1f s", len(self._graphs), self.capture_seconds)
+            log.info("captured %d decode, %d prefill and %d audio graphs in %.1f s", len(self._graphs),
+                     len(self._prefill_graphs), len(self._audio_graphs), self.capture_seconds)
         self._state.reset_sampling()
+
+    def _capture(self, stream, pool, fn):
+        """Warm ``fn`` up on ``stream`` (kernels chosen, workspaces made), then capture it there."""
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            out = fn()
+        return graph, out
 
     def _capture_all(self) -> None:
         gpt, state, eos = self.model.gpt, self._state, self._eos
+        # GPT graphs run one at a time on the main stream and share a pool; audio graphs run
+        # concurrently with them on their own stream, so they get a pool of their own.
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device=self.model.device)
+        state.prefill_long[:, _PF_SLOT] = state.scratch  # capture with every row on the scratch slot
+        state.prefill_long[:, _PF_LENGTH] = 1
         # Largest first, so smaller graphs reuse the shared pool's blocks.
         for batch in reversed(self.batch_buckets):
             for length in reversed(self.length_buckets):
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    decode_step(gpt, state, batch, length, eos)  # warm-up: kernels chosen, workspaces made
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    decode_step(gpt, state, batch, length, eos)
-                self._graphs[(batch, length)] = graph
+                self._graphs[(batch, length)], _ = self._capture(
+                    side, pool, lambda: decode_step(gpt, state, batch, length, eos))
+        for rows in reversed(self.prefill_row_buckets):
+            for length in reversed(self.prefill_length_buckets):
+                self._prefill_graphs[(rows, length)], _ = self._capture(
+                    side, pool, lambda: prefill_step(gpt, state, rows, length, eos, self._speaker_token))
+        audio_pool = torch.cuda.graph_pool_handle()
+        try:
+            for rows in reversed(self.audio_row_buckets):
+                for frames in reversed(self.audio_lengths):
+                    self._audio_graphs[(rows, frames)] = self._capture(
+                        self._audio_stream, audio_pool, lambda: decode_windows(self.model, state, rows, frames))
+        except RuntimeError:  # an audio model that cannot be captured still serves, eagerly
+            log.exception("audio decode could not be captured; audio windows run eagerly")
+            self._audio_graphs.clear()
         torch.cuda.synchronize()
 
     # -- the worker thread -------------------------------------------------------------------
@@ -413,7 +542,7 @@ class GraphEngine(ReferenceEngine):
             while True:
                 with self._cond:
                     while (not self._stopping and not self._waiting and not self._running and not self._aborted
-                           and not in_flight):
+                           and not in_flight and not self._audio_fifo):
                         self._cond.wait()
                     if self._stopping:
                         return
@@ -426,41 +555,55 @@ class GraphEngine(ReferenceEngine):
                         while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
                             admitted.append(self._waiting.popleft())
                 events: list[tuple[str, FrameChunk]] = []
+                windows: list[_Window] = []
                 try:
-                    for seq in self._running:
-                        if seq.request.request_id in aborted and not seq.done:
-                            self._finish(seq, "aborted", events)
-                    self._release_done()
+                    for seq in list(self._running.values()):
+                        if seq.request.request_id in aborted:
+                            self._finish(seq, "aborted", events, windows)
                     launched: list[_Output] = []
-                    if admitted:
-                        launched.append(self._prefill(admitted))
+                    for first in range(0, len(admitted), self.prefill_rows):
+                        launched.append(self._prefill(admitted[first:first + self.prefill_rows]))
                     if self._running:
                         launched.append(self._launch_step())
-                    # Read the previous iteration's frames while the GPU runs this one.
+                    # Read the previous iteration's codes while the GPU runs this one.
                     for out in in_flight:
-                        self._accept(out, events)
+                        self._accept(out, events, windows)
                     in_flight = launched
-                    if not self._running:  # nothing left to launch: drain what is in flight now
+                    if not self._running:  # nothing left to launch: take what is in flight now
                         for out in in_flight:
-                            self._accept(out, events)
+                            self._accept(out, events, windows)
                         in_flight = []
-                    self._release_done()
+                    self._launch_audio(windows)
+                    idle = not self._running and not in_flight
+                    while self._audio_fifo and self._audio_fifo[0].done(block=idle):
+                        self._hand_out_audio(self._audio_fifo.popleft(), events)
                 except Exception as err:  # keep serving: fail what was in flight, start clean
                     log.exception("generation step failed")
-                    for seq in self._running + [s for s in admitted if s not in self._running]:
-                        if not seq.done:
-                            seq.done = True
-                            events.append((seq.request.request_id,
-                                           FrameChunk(self._empty(), finished=True, finish_reason="error",
-                                                      error=str(err))))
-                    self._running = []
-                    self._free = list(range(self.max_num_seqs))
+                    self._fail_all(err, admitted, windows, events)
                     in_flight = []
                 if events and self._loop is not None:
                     try:
                         self._loop.call_soon_threadsafe(self._deliver, events)
                     except RuntimeError:  # the event loop is gone: nobody is listening any more
                         return
+
+    def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
+                  events: list[tuple[str, FrameChunk]]) -> None:
+        """Every request not finished from its stream's point of view ends with the error."""
+        seqs = list(self._running.values()) + admitted + [w.seq for w in windows]
+        seqs += [w.seq for batch in self._audio_fifo for w in batch.windows]
+        told = set()
+        for seq in seqs:
+            rid = seq.request.request_id
+            if rid in told or getattr(seq, "aborted", False):
+                continue
+            told.add(rid)
+            seq.done = True
+            events.append((rid, FrameChunk(self._empty(), finished=True, finish_reason="error", error=str(err))))
+        self._running = {}
+        self._audio_fifo.clear()
+        self._active[:] = False
+        self._free = list(range(self.max_num_seqs))
 
     def _admit_now(self) -> bool:
         if not self._waiting:
@@ -469,40 +612,96 @@ class GraphEngine(ReferenceEngine):
             return True
         return time.monotonic() - self._waiting[0].request.arrival >= self.admit_interval
 
-    def _release_done(self) -> None:
-        if any(s.done for s in self._running):
-            for seq in self._running:
-                if seq.done:
-                    heapq.heappush(self._free, seq.slot)
-            self._running = [s for s in self._running if not s.done]
+    def _to_host(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None:
+            return None
+        if not self.cuda:
+            return tensor.clone()
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        return host
+
+    def _event(self):
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _to_device(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        host = torch.from_numpy(src)
+        if self.cuda:
+            host = host.pin_memory()
+        dst.copy_(host, non_blocking=self.cuda)
+
+    # -- prefill -------------------------------------------------------------------------------
 
     def _prefill(self, seqs: list[_Sequence]) -> _Output:
         now = time.monotonic()
-        model, state = self.model, self._state
+        state = self._state
         slotted = []
         for seq in seqs:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
             slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
-        embeds = [model.gpt.prompt_embeds(s.request.prompt_ids,
-                                          torch.from_numpy(s.request.speaker) if s.request.speaker is not None
-                                          else None, model.tokenizer.spk_emb_id)[0] for s in slotted]
-        slots = torch.tensor([s.slot for s in slotted], device=model.device)
-        seeds = [s.generator.initial_seed() if s.generator is not None else 0 for s in slotted]
-        for seq, e in zip(slotted, embeds):
-            seq.position = e.shape[0]
-        state.load_requests(slots, [s.request.params for s in slotted], seeds, [s.position for s in slotted])
-        prefill_slots(model.gpt, state, slots, embeds, self._eos)
-        self.observer.on_step(len(slotted))
-        self._running.extend(slotted)
-        entries = [(seq, seq.position, row) for row, seq in enumerate(slotted)]
-        want_hidden = any(s.request.want_hidden for s in slotted)
-        return self._to_host(entries, state.codes[slots], state.hidden[slots] if want_hidden else None)
+        n = len(slotted)
+        longest = max(len(s.request.prompt_ids) for s in slotted)
+        rows = pick_bucket(self.prefill_row_buckets, n) if self.pad_shapes else n
+        graph_length = next((b for b in self.prefill_length_buckets if b >= longest), None)
+        length = graph_length if self.pad_shapes and graph_length is not None else longest
+        meta = np.zeros((rows, PF_META + length), np.int64)
+        meta[:, _PF_SLOT] = state.scratch
+        meta[:, _PF_LENGTH] = 1
+        floats = np.zeros((rows, PF_FLOAT_META + self.model.sizes.gpt.hidden_size), np.float32)
+        for row, seq in enumerate(slotted):
+            req, p = seq.request, seq.request.params
+            ids = req.prompt_ids
+            meta[row, PF_META:PF_META + len(ids)] = ids
+            seed = seq.generator.initial_seed() if seq.generator is not None else 0
+            meta[row, :PF_META] = (len(ids), seq.slot, req.speaker is not None, p.top_k, p.repetition_window,
+                                   p.min_new_frames, _signed(seed % _U64))
+            floats[row, :PF_FLOAT_META] = (p.temperature, p.top_p, p.repetition_penalty)
+            if req.speaker is not None:
+                floats[row, PF_FLOAT_META:] = req.speaker
+            seq.position = len(ids)
+        if self._audio_stream is not None:
+            # Slots being reused may still be read by audio windows of their last occupants.
+            torch.cuda.current_stream().wait_stream(self._audio_stream)
+        self._to_device(state.prefill_long[:rows, :PF_META + length], meta)
+        self._to_device(state.prefill_float[:rows], floats)
+        graph = self._prefill_graphs.get((rows, length))
+        if graph is not None:
+            graph.replay()
+        else:
+            prefill_step(self.model.gpt, state, rows, length, self._eos, self._speaker_token)
+        self.observer.on_step(n)
+        slots = np.array([s.slot for s in slotted], np.int64)
+        for seq in slotted:
+            self._running[seq.slot] = seq
+            self._limit[seq.slot] = min(seq.request.params.max_new_frames,
+                                        self.max_model_len - seq.position + 1)
+            self._next_emit[seq.slot] = (self.windows.next_end(0) if seq.request.want_audio
+                                         else self.emit_frames)
+            self._want_hidden[seq.slot] = seq.request.want_hidden
+        self._epoch[slots] += 1
+        self._active[slots] = True
+        self._count[slots] = 0
+        self._position[slots] = [s.position for s in slotted]
+        want_hidden = bool(self._want_hidden[slots].any())
+        slots_dev = None
+        if want_hidden:
+            slots_dev = torch.from_numpy(slots).to(self.model.device)
+        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]),
+                      self._to_host(state.hidden[slots_dev]) if want_hidden else None)
+        out.ready = self._event()
+        return out
+
+    # -- decode steps ----------------------------------------------------------------------------
 
     def _launch_step(self) -> _Output:
         state = self._state
-        top_slot = max(s.slot for s in self._running)
-        batch = pick_bucket(self.batch_buckets, top_slot + 1)
-        need = max(min(s.position, self.max_model_len - 1) for s in self._running) + 1
+        slots = np.flatnonzero(self._active)
+        batch = pick_bucket(self.batch_buckets, int(slots[-1]) + 1)
+        need = min(int(self._position[slots].max()), self.max_model_len - 1) + 1
         length = pick_bucket(self.length_buckets, need)
         graph = self._graphs.get((batch, length))
         if graph is not None:
@@ -510,53 +709,133 @@ class GraphEngine(ReferenceEngine):
         else:
             decode_step(self.model.gpt, state, batch, length, self._eos)
         self.steps += 1
-        self.observer.on_step(len(self._running))
-        for seq in self._running:
-            seq.position += 1
-        entries = [(seq, seq.position, seq.slot) for seq in self._running]
-        want_hidden = any(s.request.want_hidden for s in self._running)
-        return self._to_host(entries, state.codes[:batch], state.hidden[:batch] if want_hidden else None)
+        self.observer.on_step(len(slots))
+        self._position[slots] += 1
+        want_hidden = bool(self._want_hidden[slots].any())
+        out = _Output(slots, self._epoch[slots].copy(), slots, self._to_host(state.codes[:batch]),
+                      self._to_host(state.hidden[:batch]) if want_hidden else None)
+        out.ready = self._event()
+        return out
 
-    def _to_host(self, entries, codes: torch.Tensor, hidden: torch.Tensor | None) -> _Output:
-        if not self.cuda:
-            return _Output(entries, codes.clone(), hidden.clone() if hidden is not None else None)
-        codes_host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
-        codes_host.copy_(codes, non_blocking=True)
-        hidden_host = None
-        if hidden is not None:
-            hidden_host = torch.empty(hidden.shape, dtype=hidden.dtype, pin_memory=True)
-            hidden_host.copy_(hidden, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return _Output(entries, codes_host, hidden_host, event)
-
-    def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]]) -> None:
+    def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
+        """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""
         codes, hidden = out.fetch()
-        ended = (codes == self._eos).any(axis=1).tolist()  # one pass for the whole step
-        for seq, position, row in out.entries:
-            if seq.done:  # ended or aborted after this step was launched
-                continue
-            frame = codes[row]
-            if ended[row]:
-                self._finish(seq, "eos", events)
-                continue
-            seq.count += 1
-            seq.pending.append(frame.copy())
-            if seq.request.want_hidden and hidden is not None:
-                seq.pending_hidden.append(hidden[row].copy())
-            if seq.count >= seq.request.params.max_new_frames or position + 1 > self.max_model_len:
-                self._finish(seq, "length", events)
-            elif len(seq.pending) >= self.emit_frames:
-                events.append((seq.request.request_id, self._chunk(seq)))
+        slots, rows = out.slots, out.rows
+        live = self._active[slots] & (self._epoch[slots] == out.epochs)
+        if not live.all():
+            slots, rows = slots[live], rows[live]
+        if not len(slots):
+            return
+        frames = codes[rows]
+        ended = (frames == self._eos).any(axis=1)
+        kept = ~ended
+        count = self._count[slots]
+        self._frames_host[slots[kept], count[kept]] = frames[kept]
+        count = count + kept
+        self._count[slots] = count
+        full = kept & (count >= self._limit[slots])
+        due = kept & ~full & (count >= self._next_emit[slots])
+        if hidden is not None:
+            for i in np.flatnonzero(kept & self._want_hidden[slots]):
+                self._running[int(slots[i])].hidden.append(hidden[rows[i]].copy())
+        for i in np.flatnonzero(ended | full | due):
+            seq = self._running[int(slots[i])]
+            if ended[i]:
+                self._finish(seq, "eos", events, windows)
+            elif full[i]:
+                self._finish(seq, "length", events, windows)
+            else:
+                self._hand_out(seq, events, windows)
 
-    def _chunk(self, seq: _Slotted, reason: str | None = None) -> FrameChunk:
-        codes = np.stack(seq.pending).astype(np.int64) if seq.pending else self._empty()
-        hidden = np.stack(seq.pending_hidden) if seq.request.want_hidden and seq.pending_hidden else None
-        seq.pending, seq.pending_hidden = [], []
-        return FrameChunk(codes, hidden, finished=reason is not None, finish_reason=reason)
+    def _hand_out(self, seq: _Slotted, events, windows: list[_Window], final: str | None = None) -> None:
+        """Frames accepted since the last chunk: as codes, or as an audio window for ``want_audio``."""
+        slot, count = seq.slot, int(self._count[seq.slot])
+        if not seq.request.want_audio:
+            codes = self._frames_host[slot, seq.sent:count].copy()
+            hidden = np.stack(seq.hidden) if seq.request.want_hidden and seq.hidden else None
+            seq.hidden = []
+            seq.sent = count
+            self._next_emit[slot] = count + self.emit_frames
+            events.append((seq.request.request_id, FrameChunk(codes, hidden, finished=final is not None,
+                                                              finish_reason=final)))
+            return
+        if seq.pending_window is not None:  # two chunks due in one iteration: one window covers both
+            windows.remove(seq.pending_window)
+            seq.sent = seq.pending_window.decoded_before
+        start = self.windows.start(seq.sent, count) if count > seq.sent else count
+        seq.pending_window = _Window(seq, start, count, self._frames_host[slot, seq.sent:count].copy(), final,
+                                     decoded_before=seq.sent)
+        windows.append(seq.pending_window)
+        seq.sent = count
+        self._next_emit[slot] = self.windows.next_end(count)
 
-    def _finish(self, seq: _Slotted, reason: str, events: list[tuple[str, FrameChunk]]) -> None:
+    def _finish(self, seq: _Slotted, reason: str, events, windows: list[_Window]) -> None:
         seq.done = True
         if reason == "aborted":
-            seq.pending, seq.pending_hidden = [], []
-        events.append((seq.request.request_id, self._chunk(seq, reason)))
+            seq.aborted = True
+            events.append((seq.request.request_id, FrameChunk(self._empty(), finished=True,
+                                                              finish_reason="aborted")))
+        else:
+            self._hand_out(seq, events, windows, final=reason)
+        slot = seq.slot
+        self._active[slot] = False
+        del self._running[slot]
+        heapq.heappush(self._free, slot)
+
+    # -- audio windows ---------------------------------------------------------------------------
+
+    def _launch_audio(self, windows: list[_Window]) -> None:
+        """Decode due windows, grouped by length (one graph per group and row bucket), in order."""
+        if not windows:
+            return
+        for w in windows:
+            w.seq.pending_window = None
+        markers = [w for w in windows if w.end == w.start]
+        by_length: dict[int, list[_Window]] = {}
+        for w in windows:
+            if w.end > w.start:
+                by_length.setdefault(w.end - w.start, []).append(w)
+        for frames, group in by_length.items():
+            for first in range(0, len(group), self.audio_rows):
+                self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames))
+        if markers:  # ends with no new frames: handed out after every window launched before them
+            self._audio_fifo.append(_AudioBatch(markers))
+
+    def _decode_audio(self, group: list[_Window], frames: int) -> _AudioBatch:
+        state = self._state
+        n = len(group)
+        padded = self.pad_shapes and frames in self.audio_lengths
+        rows = pick_bucket(self.audio_row_buckets, n) if padded else n
+        graph = self._audio_graphs.get((rows, frames))
+        spec = np.zeros((rows, 2), np.int64)
+        spec[:, 0] = state.scratch
+        spec[:n] = [(w.seq.slot, w.start) for w in group]
+        if not self.cuda:
+            self._to_device(state.audio_windows[:rows], spec)
+            return _AudioBatch(group, decode_windows(self.model, state, rows, frames).float())
+        with torch.cuda.stream(self._audio_stream):
+            self._to_device(state.audio_windows[:rows], spec)
+            if graph is not None:
+                graph_, audio = graph
+                graph_.replay()
+            else:
+                audio = decode_windows(self.model, state, rows, frames)
+            host = self._to_host(audio[:n])
+            event = torch.cuda.Event()
+            event.record(self._audio_stream)
+        return _AudioBatch(group, host, event)
+
+    def _hand_out_audio(self, batch: _AudioBatch, events: list[tuple[str, FrameChunk]]) -> None:
+        audio = batch.audio.numpy() if batch.audio is not None else None
+        row = 0
+        for w in batch.windows:
+            seq = w.seq
+            samples = np.zeros(0, np.float32)
+            if w.end > w.start:
+                samples, seq.samples_sent = unsent_samples(self._samples_per_frame, w.start, seq.samples_sent,
+                                                           audio[row])
+                row += 1
+            if seq.aborted:
+                continue
+            events.append((seq.request.request_id, FrameChunk(w.codes, None, finished=w.final is not None,
+                                                              finish_reason=w.final, audio=samples.copy())))

@@ -1,0 +1,138 @@
+"""The graph engine's captured shapes and in-loop audio, on CPU.
+
+``pad_shapes=True`` runs prefills and audio windows padded exactly as the CUDA graphs
+replay them (padding rows on the scratch slot, prompts padded to a length bucket), so
+these tests guard the shapes served on a GPU. The audio a ``want_audio`` stream gets
+from the engine must equal what the speech API's own decoder makes of the same frames.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from test_graph_engine import TEXTS, Recorder, request, run_all
+
+from chattts_runtime.audio_io import StreamingDecoder, StreamWindows
+from chattts_runtime.engines.base import EngineError, SamplingParams
+from chattts_runtime.engines.graph import GraphEngine
+from chattts_runtime.engines.reference import ReferenceEngine
+
+
+@pytest.mark.parametrize("short_only", [True, False])
+def test_padded_shapes_give_the_reference_codes(tiny_model, short_only):
+    """Prefills padded to row/length buckets (and prompts past the largest bucket) change no code.
+
+    Six requests arrive together: one prefill of 8 rows, 2 of them padding on the scratch
+    slot; with short prompts only it is also padded to a length bucket, otherwise it runs
+    at the longest prompt's exact length (past ``prefill_max_len``).
+    """
+    limit = 16
+    candidates = TEXTS + ["ok", "yes", "no"]
+    lengths = {t: len(tiny_model.tokenizer.build(t, with_speaker=True).input_ids) for t in candidates}
+    texts = [t for t in candidates if lengths[t] <= limit][:6] if short_only else TEXTS[:6]
+    assert len(texts) == 6 and (max(lengths[t] for t in texts) <= limit) == short_only
+    params = SamplingParams(temperature=0, max_new_frames=30)
+    reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, texts, params, concurrent=False))
+
+    async def collect(stream):
+        return [c async for c in stream]
+
+    async def together():
+        rec = Recorder()
+        engine = GraphEngine(tiny_model, observer=rec, max_num_seqs=8, pad_shapes=True, prefill_rows=8,
+                             prefill_max_len=limit)
+        await engine.start()
+        try:
+            with engine._cond:  # the worker admits nothing until all six are queued
+                streams = [engine.submit(request(tiny_model, i, t, params)) for i, t in enumerate(texts)]
+            chunks = await asyncio.gather(*(collect(s) for s in streams))
+        finally:
+            await engine.stop()
+        return chunks, rec
+
+    chunks, rec = asyncio.run(together())
+    assert rec.batches[0] == 6  # one prefill of 6 rows, padded to 8
+    assert [np.concatenate([c.codes for c in cs]).tolist() for cs in chunks] == [r[0] for r in reference]
+    assert [cs[-1].finish_reason for cs in chunks] == [r[2] for r in reference]
+
+
+async def _streams(model, texts, params, *, want_audio: bool, **engine_kw):
+    engine = GraphEngine(model, observer=Recorder(), **engine_kw)
+    await engine.start()
+
+    async def one(i, text):
+        req = dataclasses.replace(request(model, i, text, params), want_audio=want_audio)
+        return [chunk async for chunk in engine.submit(req)]
+
+    try:
+        return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+    finally:
+        await engine.stop()
+
+
+def _api_decode(model, frames: np.ndarray, windows: StreamWindows) -> list[np.ndarray]:
+    """The speech API's decoder over all of a stream's frames, chunk by chunk on the same schedule."""
+    decoder = StreamingDecoder(model.sizes.samples_per_frame, windows=windows)
+    out, produced = [], 0
+    for i, frame in enumerate(frames):
+        decoder.push(frame[None])
+        last = i == len(frames) - 1
+        due = windows.first_frames if produced == 0 else windows.chunk_frames
+        if decoder.pending_frames >= due or (last and decoder.pending_frames):
+            samples = decoder.take(lambda f: model.codes_to_audio(torch.from_numpy(f)[None]).numpy()[0])
+            produced += len(samples)
+            out.append(samples)
+    return out
+
+
+@pytest.mark.parametrize("pad_shapes", [False, True])
+def test_engine_audio_equals_the_speech_api_decoder(tiny_model, pad_shapes):
+    windows = StreamWindows(chunk_frames=6, context_frames=4)  # small windows: many per stream
+    params = SamplingParams(temperature=0, max_new_frames=37)
+    texts = TEXTS + ["ends early"]
+    frames_only = asyncio.run(_streams(tiny_model, texts, params, want_audio=False, windows=windows,
+                                       max_num_seqs=4))
+    with_audio = asyncio.run(_streams(tiny_model, texts, params, want_audio=True, windows=windows,
+                                      max_num_seqs=4, pad_shapes=pad_shapes, audio_rows=2))
+    shapes_seen = set()
+    for plain, audio in zip(frames_only, with_audio):
+        codes = np.concatenate([c.codes for c in plain])
+        assert np.array_equal(np.concatenate([c.codes for c in audio]), codes)  # codes still handed out
+        assert audio[-1].finished and audio[-1].finish_reason == plain[-1].finish_reason
+        expected = _api_decode(tiny_model, codes, windows)
+        got = [c.audio for c in audio if c.audio is not None and len(c.audio)]
+        assert [len(g) for g in got] == [len(e) for e in expected]
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g, e, rtol=0, atol=1e-5)
+        shapes_seen.add(len(codes))
+    assert len(shapes_seen) > 2  # streams of several lengths: regular and irregular final windows
+
+
+def test_first_audio_chunk_is_the_short_window(tiny_model):
+    windows = StreamWindows(chunk_frames=24)
+    params = SamplingParams(temperature=0.3, seed=1, max_new_frames=100, min_new_frames=100)
+    [chunks] = asyncio.run(_streams(tiny_model, ["first chunk"], params, want_audio=True, windows=windows))
+    spf = tiny_model.sizes.samples_per_frame
+    audible = [c for c in chunks if c.audio is not None and len(c.audio)]
+    # A centred ISTFT over n frames yields (2n - 1) half-frames; the last half waits for the next window.
+    assert len(audible[0].audio) == windows.first_frames * spf - spf // 2
+    assert sum(len(c.audio) for c in audible) == 100 * spf - spf // 2
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_audio_and_hidden_cannot_be_combined(tiny_model):
+    async def scenario():
+        engine = GraphEngine(tiny_model)
+        await engine.start()
+        try:
+            req = dataclasses.replace(request(tiny_model, 0, "x", SamplingParams()), want_audio=True,
+                                      want_hidden=True)
+            with pytest.raises(EngineError, match="want_hidden"):
+                engine.submit(req)
+        finally:
+            await engine.stop()
+
+    asyncio.run(scenario())
