@@ -1,6 +1,8 @@
-"""Engine alone under load: concurrent requests straight into an engine, no HTTP, no audio decode.
+"""Engine alone under load: concurrent requests straight into an engine, no HTTP.
 
-``python -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,256``:
+``python -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,256 [--audio]``:
+with ``--audio`` the graph engine also decodes each stream's audio windows (``want_audio``), as it
+does behind the speech API, and "first" is the first audio chunk; without it, frames only.
 per level, frames per second (and audio seconds per second), time to first frame p50/p99 and
 per-stream generation RTF. Compared with ``python -m bench.runtime`` (the same load through the
 speech API) it says how much of the end-to-end gap is the engine and how much the server around it.
@@ -17,7 +19,7 @@ from bench.runtime.__main__ import RESULTS, make_checkpoint, percentile
 FRAME_S = 512 / 24_000
 
 
-async def level(engine, model, concurrency: int, rounds: int, frames: int) -> dict:
+async def level(engine, model, concurrency: int, rounds: int, frames: int, audio: bool = False) -> dict:
     from chattts_runtime.engines.base import SamplingParams, SynthesisRequest
 
     params = SamplingParams(temperature=0.3, top_p=0.7, top_k=20, repetition_penalty=1.05, seed=0,
@@ -32,8 +34,9 @@ async def level(engine, model, concurrency: int, rounds: int, frames: int) -> di
             start = time.perf_counter()
             first, n = None, 0
             async for chunk in engine.submit(SynthesisRequest(f"l{concurrency}-{w}-{r}", prompt.input_ids, speaker,
-                                                              params)):
-                if len(chunk.codes) and first is None:
+                                                              params, want_audio=audio)):
+                out = chunk.audio if audio else chunk.codes
+                if out is not None and len(out) and first is None:
                     first = time.perf_counter() - start
                 n += len(chunk.codes)
             total += n
@@ -64,9 +67,9 @@ async def main_async(args) -> list[dict]:
     await engine.start()
     rows = []
     try:
-        await level(engine, model, 1, 1, 8)  # warm-up
+        await level(engine, model, 1, 1, 8, args.audio)  # warm-up
         for c in levels:
-            rows.append(await level(engine, model, c, args.rounds, args.frames))
+            rows.append(await level(engine, model, c, args.rounds, args.frames, args.audio))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         await engine.stop()
@@ -81,12 +84,16 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="1,16,64,256")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--audio", action="store_true", help="decode audio windows in the engine (graph engine)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.audio and args.engine != "graph":
+        p.error("--audio needs --engine graph")
     rows = asyncio.run(main_async(args))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"engine": args.engine, "size": args.size, "frames": args.frames, "rows": rows}, f, indent=1)
+            json.dump({"engine": args.engine, "size": args.size, "frames": args.frames, "audio": args.audio,
+                       "rows": rows}, f, indent=1)
     return 0
 
 

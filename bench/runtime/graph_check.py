@@ -5,7 +5,9 @@
 steps and how many frames agree with the reference engine (bf16 on GPU: kernels differ,
 so agreement is reported, not asserted), graph capture time, and the median time of one
 replayed decode step at batch 1/16/64/256 (length bucket 256), the engine-level
-counterpart of ``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows.
+counterpart of ``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows; and the
+GPU time of a captured prefill (1/8/32 newcomers, 64-token bucket) and of an audio window
+batch (1/8/64 windows of the steady window length), each against the same code run eagerly.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def main() -> int:
     import torch
 
     from chattts_runtime.engines.base import SamplingParams
-    from chattts_runtime.engines.graph import GraphEngine, decode_step
+    from chattts_runtime.engines.graph import GraphEngine, decode_step, decode_windows, prefill_step
     from chattts_runtime.engines.reference import ReferenceEngine
     from chattts_runtime.model import load_chattts
 
@@ -98,6 +100,42 @@ def main() -> int:
                 eager_times.append((time.perf_counter() - t0) * 1e3)
             steps[batch] = {"graph_ms": statistics.median(times), "eager_ms": statistics.median(eager_times)}
     report["step_ms_length_bucket_256"] = steps
+
+    def median_ms(fn, stream=None, runs=30) -> float:
+        stream = stream or torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+            times = []
+            for _ in range(runs):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(stream)
+                fn()
+                b.record(stream)
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+        return statistics.median(times)
+
+    # Prefill of newcomers (captured per (rows, prompt-length) bucket) and audio windows
+    # (DVAE + Vocos per (rows, window length), on the engine's audio stream).
+    with torch.inference_mode():
+        state.prefill_long[:, 1] = state.scratch  # every row on the scratch slot: touches no real slot
+        state.prefill_long[:, 0] = 48
+        report["prefill_ms_length_bucket_64"] = {
+            rows: {"graph_ms": median_ms(engine._prefill_graphs[(rows, 64)].replay),
+                   "eager_ms": median_ms(lambda: prefill_step(model.gpt, state, rows, 64, eos,
+                                                              engine._speaker_token), runs=5)}
+            for rows in (1, 8, 32) if (rows, 64) in engine._prefill_graphs}
+        frames = engine.windows.window_frames
+        state.audio_windows[:, 0] = 0
+        state.audio_windows[:, 1] = 0
+        report[f"audio_window_ms_{frames}_frames"] = {
+            rows: {"graph_ms": median_ms(engine._audio_graphs[(rows, frames)][0].replay, engine._audio_stream),
+                   "eager_ms": median_ms(lambda: decode_windows(model, state, rows, frames), engine._audio_stream,
+                                         runs=5)}
+            for rows in (1, 8, 64) if (rows, frames) in engine._audio_graphs}
+        report["graphs_by_kind"] = {"decode": len(engine._graphs), "prefill": len(engine._prefill_graphs),
+                                    "audio": len(engine._audio_graphs)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
