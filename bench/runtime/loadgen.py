@@ -26,7 +26,7 @@ import resource
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import wait as wait_ready_objects
+from multiprocessing.connection import wait as wait_for_any
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 SAMPLE_RATE = 24_000
@@ -269,7 +269,7 @@ class LoadGenError(RuntimeError):
 
 
 @contextlib.contextmanager
-def _children(count: int) -> Iterator[list]:
+def _children() -> Iterator[list]:
     procs: list = []
     try:
         yield procs
@@ -290,7 +290,7 @@ def _collect(pending: dict, kind: str, deadline: float | None) -> dict[int, Any]
     while len(got) < len(pending):
         waiting = {i: (conn, proc) for i, (conn, proc) in pending.items() if i not in got}
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = wait_ready_objects([o for conn, proc in waiting.values() for o in (conn, proc.sentinel)], timeout)
+        ready = wait_for_any([o for conn, proc in waiting.values() for o in (conn, proc.sentinel)], timeout)
         if not ready:
             raise LoadGenError(f"client processes {sorted(waiting)} not {kind} within {WARM_TIMEOUT_S:.0f} s")
         for i, (conn, proc) in waiting.items():
@@ -328,7 +328,7 @@ def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], pro
     groups = split_clients(concurrency, default_client_procs(concurrency) if procs is None else procs)
     ctx = multiprocessing.get_context("spawn")
     release = ctx.Event()
-    with _children(len(groups)) as children:
+    with _children() as children:
         pending = {}
         for i, clients in enumerate(groups):
             parent_end, child_end = ctx.Pipe(duplex=False)
