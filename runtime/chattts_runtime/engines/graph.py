@@ -275,8 +275,9 @@ def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speake
     state.min_frames[slots] = meta[:, _PF_MIN_FRAMES]
     state.seed[slots] = meta[:, _PF_SEED]
     state.position[slots] = lengths
-    state.generated[slots] = 0
-    state.history[slots] = state.vocab
+    # index_fill_, not ``[slots] = 0``: a Python scalar would be a host tensor inside the capture.
+    state.generated.index_fill_(0, slots, 0)
+    state.history.index_fill_(0, slots, state.vocab)
 
     ids = meta[:, PF_META:PF_META + length]
     h = gpt.embed.emb_text(ids).to(gpt.dtype)
