@@ -85,3 +85,17 @@ def test_missing_file_and_wrong_shapes_name_the_file(tiny_checkpoint, tmp_path):
 
     with pytest.raises(CheckpointError, match="does not exist"):
         load_chattts(tmp_path / "nothing-here")
+
+
+@pytest.mark.parametrize("frames", [2, 5, 16, 128])
+def test_istft_equals_torch_istft(frames):
+    """The written-out ISTFT (capturable in a CUDA graph) computes what torch.istft does."""
+    from chattts_runtime.model.audio import ISTFT
+
+    istft = ISTFT(1024, 256)
+    gen = torch.Generator().manual_seed(frames)
+    spec = torch.polar(torch.rand(2, 513, frames, generator=gen) * 3, torch.rand(2, 513, frames, generator=gen) * 6.3)
+    expected = torch.istft(spec, 1024, 256, 1024, istft.window, center=True)
+    got = istft(spec)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)

@@ -146,13 +146,29 @@ class VocosBackbone(nn.Module):
 
 
 class ISTFT(nn.Module):
+    """Centred inverse STFT (Hann window, ``win_length == n_fft``), as ``torch.istft`` computes it.
+
+    Written out (inverse real FFT per frame, windowed overlap-add, divided by the summed
+    squared window) because ``torch.istft`` checks its window envelope with a host sync,
+    which a CUDA graph cannot hold; this version captures, so the graph engine can decode
+    audio windows with replayed graphs.
+    """
+
     def __init__(self, n_fft: int, hop_length: int):
         super().__init__()
         self.n_fft, self.hop_length = n_fft, hop_length
         self.register_buffer("window", torch.hann_window(n_fft))
 
-    def forward(self, spec: torch.Tensor) -> torch.Tensor:
-        return torch.istft(spec, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
+    def forward(self, spec: torch.Tensor) -> torch.Tensor:  # [B, n_fft // 2 + 1, frames] complex
+        frames = spec.shape[-1]
+        n_fft, hop = self.n_fft, self.hop_length
+        length = n_fft + hop * (frames - 1)
+        pieces = torch.fft.irfft(spec, n=n_fft, dim=1) * self.window[None, :, None]  # [B, n_fft, frames]
+        fold = dict(output_size=(1, length), kernel_size=(1, n_fft), stride=(1, hop))
+        signal = F.fold(pieces, **fold)[:, 0, 0]  # overlap-add
+        envelope = F.fold((self.window ** 2)[None, :, None].expand(1, n_fft, frames), **fold)[0, 0, 0]
+        start, stop = n_fft // 2, length - n_fft // 2  # centred: drop the padding on both sides
+        return signal[:, start:stop] / envelope[start:stop]
 
 
 class ISTFTHead(nn.Module):
