@@ -77,6 +77,10 @@ class EngineSettings(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     enforce_eager: bool = False
     extra_args: list[str] = Field(default_factory=list)
+    process: Literal["auto", "same", "separate"] = Field(
+        "auto", description="Run the graph/reference engine in a process of its own (separate) or in the "
+        "speech API's (same); auto: separate for the graph engine on CUDA, where one process is "
+        "bound by its interpreter lock. The vllm engine manages its own processes.")
 
     @model_validator(mode="after")
     def _extra_args_do_not_override_managed_flags(self) -> "EngineSettings":

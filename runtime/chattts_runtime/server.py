@@ -152,27 +152,43 @@ def build_app(holder: "ServiceHolder"):
     return app
 
 
-def create_engine(config: RuntimeConfig, model, observer):
-    if config.engine_kind == EngineKind.REFERENCE:
+def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
+    from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
+
+    kind = config.engine_kind
+    if kind in (EngineKind.REFERENCE, EngineKind.GRAPH):
+        kwargs = dict(max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
+                      max_model_len=config.engine.max_model_len)
+        if kind == EngineKind.GRAPH:
+            # Streams get audio decoded in the engine on the speech API's window schedule; other
+            # requests get frames as often as the speech API would decode them (a third of a window).
+            windows = StreamWindows(config.generation.stream_chunk_frames)
+            kwargs.update(emit_frames=windows.first_frames, windows=windows)
+        if separate_engine_process(config, model.device.type):
+            from chattts_runtime.engines.process import EngineSpec, ProcessEngine  # noqa: PLC0415
+
+            spec = EngineSpec(kind.value, str(config.model.path), model.device.type,
+                              str(model.gpt.dtype).removeprefix("torch."), kwargs)
+            return ProcessEngine(spec, max_waiting=config.server.max_queue,
+                                 max_model_len=config.engine.max_model_len, observer=observer,
+                                 on_failure=on_failure)
+        if kind == EngineKind.GRAPH:
+            from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+
+            return GraphEngine(model, observer=observer, **kwargs)
         from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
 
-        return ReferenceEngine(model, max_num_seqs=config.engine.max_num_seqs,
-                               max_waiting=config.server.max_queue, max_model_len=config.engine.max_model_len,
-                               observer=observer)
-    if config.engine_kind == EngineKind.GRAPH:
-        from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
-        from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
-
-        # Streams get audio decoded in the engine on the speech API's window schedule; other
-        # requests get frames as often as the speech API would decode them (a third of a window).
-        windows = StreamWindows(config.generation.stream_chunk_frames)
-        return GraphEngine(model, max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
-                           max_model_len=config.engine.max_model_len, observer=observer,
-                           emit_frames=windows.first_frames, windows=windows)
+        return ReferenceEngine(model, observer=observer, **kwargs)
     # The vLLM engine lives in engines/vllm* (its own issue); it takes the same arguments.
     from chattts_runtime.engines.vllm import VLLMEngine  # noqa: PLC0415
 
     return VLLMEngine.from_config(config, model, observer)
+
+
+def separate_engine_process(config: RuntimeConfig, device: str) -> bool:
+    if config.engine.process == "auto":
+        return config.engine_kind == EngineKind.GRAPH and device == "cuda"
+    return config.engine.process == "separate"
 
 
 def resolve_device(config: RuntimeConfig) -> str:
@@ -214,7 +230,7 @@ class ServiceHolder:
             device = resolve_device(self.config)
             dtype = resolve_dtype(self.config, device)
             model = await asyncio.to_thread(load_chattts, self.config.model.path, device=device, dtype=dtype)
-            engine = create_engine(self.config, model, self.metrics)
+            engine = create_engine(self.config, model, self.metrics, on_failure=self._engine_failed)
             await engine.start()
             service = SpeechService(self.config, model, engine, self.metrics)
             self.service = service
@@ -228,6 +244,14 @@ class ServiceHolder:
             self.failed = f"{type(err).__name__}: {err}"
             if self.on_fatal is not None:
                 self.on_fatal()
+
+    def _engine_failed(self, reason: str) -> None:
+        """The engine cannot serve any more (its process died): fail readiness and exit, so the pod restarts."""
+        self.failed = reason
+        if self.service is not None:
+            self.service.ready = False
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     def lifespan(self, app):
         holder = self

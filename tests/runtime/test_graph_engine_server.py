@@ -24,3 +24,37 @@ def test_graph_engine_serves_the_reference_audio(start_server):
     with graph.client() as client:
         assert client.get("/ready").status_code == 200
     assert "engine graph ready" in graph.log()
+
+
+SEPARATE = {"engine_kind": "graph", "engine": {"process": "separate"}}
+
+
+def test_engine_in_its_own_process_serves_the_same_audio(start_server):
+    """engine.process: separate moves the engine loop to a child process; nothing else changes."""
+    texts = ["the engine runs in a process of its own", "short one"]
+    reference = start_server()
+    expected = [_pcm(reference, t, stream) for t in texts for stream in (False, True)]
+    graph = start_server(SEPARATE)
+    got = [_pcm(graph, t, stream) for t in texts for stream in (False, True)]
+    for e, g in zip(expected, got):
+        assert len(e) > 0 and np.array_equal(e, g)
+    with graph.client() as client:
+        ready = client.get("/ready").json()
+    assert ready["process"] == "separate" and ready["engine"] == "graph"
+    assert ready["pid"] != graph.proc.pid
+    # The child's scheduler readings reach the API process's metrics (the autoscaler reads them).
+    waits = [s for s in graph.metrics()["vllm:scheduler_deadline_wait_seconds"] if s.name.endswith("_count")]
+    assert waits and waits[0].value >= len(got) + 1  # + the warm-up
+
+
+def test_a_dead_engine_process_fails_readiness_and_ends_the_server(start_server):
+    import os
+    import signal
+
+    graph = start_server(SEPARATE)
+    with graph.client() as client:
+        pid = client.get("/ready").json()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    # The server notices, stops being ready and exits non-zero so its pod is restarted.
+    assert graph.proc.wait(timeout=60) == 1
+    assert "engine process exited with code -9" in graph.log()

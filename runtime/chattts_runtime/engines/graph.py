@@ -463,12 +463,17 @@ class GraphEngine(ReferenceEngine):
     async def start(self) -> None:
         import asyncio  # noqa: PLC0415
 
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.start_worker)
+
+    def start_worker(self) -> None:
+        """Start the worker and wait until its graphs are captured (raises what set-up raised)."""
         if self.gil_switch_interval is not None and self.cuda:
             import sys  # noqa: PLC0415
 
             sys.setswitchinterval(min(sys.getswitchinterval(), self.gil_switch_interval))
-        await super().start()
-        await asyncio.to_thread(self._ready.wait)
+        super().start_worker()
+        self._ready.wait()
         if self._start_error is not None:
             raise EngineError(f"graph engine failed to start: {self._start_error}") from self._start_error
 
@@ -582,11 +587,8 @@ class GraphEngine(ReferenceEngine):
                     log.exception("generation step failed")
                     self._fail_all(err, admitted, windows, events)
                     in_flight = []
-                if events and self._loop is not None:
-                    try:
-                        self._loop.call_soon_threadsafe(self._deliver, events)
-                    except RuntimeError:  # the event loop is gone: nobody is listening any more
-                        return
+                if events and not self._emit(events):
+                    return
 
     def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
                   events: list[tuple[str, FrameChunk]]) -> None:

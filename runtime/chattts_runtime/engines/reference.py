@@ -121,15 +121,32 @@ class ReferenceEngine(Engine):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._worker, name="chattts-reference-engine", daemon=True)
+        self.start_worker()
+
+    def start_worker(self) -> None:
+        """Start the worker thread (``start`` does this for the event loop's streams)."""
+        self._thread = threading.Thread(target=self._worker, name=f"chattts-{self.name}-engine", daemon=True)
         self._thread.start()
 
-    async def stop(self) -> None:
+    def stop_worker(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+            self._thread.join()
+
+    def _emit(self, events: list[tuple[str, FrameChunk]]) -> bool:
+        """Hand a batch of chunks to their streams (worker thread); False once nobody can listen."""
+        if self._loop is None:
+            return False
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, events)
+        except RuntimeError:  # the event loop is gone
+            return False
+        return True
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.stop_worker)
         for rid, queue in list(self._streams.items()):
             queue.put_nowait(FrameChunk(np.zeros((0, self.model.sizes.gpt.num_vq), np.int64), finished=True,
                                         finish_reason="aborted"))
@@ -150,18 +167,24 @@ class ReferenceEngine(Engine):
     def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
         if self._loop is None:
             raise EngineError("engine not started")
+        queue: asyncio.Queue[FrameChunk] = asyncio.Queue()
+        with self._cond:
+            if request.request_id in self._streams:
+                raise EngineError(f"duplicate request id {request.request_id}")
+            self.enqueue(request)
+            self._streams[request.request_id] = queue
+        return self._stream(request.request_id, queue)
+
+    def enqueue(self, request: SynthesisRequest) -> None:
+        """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
         if len(request.prompt_ids) + 1 > self.max_model_len:
             raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
-        queue: asyncio.Queue[FrameChunk] = asyncio.Queue()
         with self._cond:
             if self._stopping:
                 raise EngineStopped("engine is stopping")
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(len(self._waiting), retry_after=1.0)
-            if request.request_id in self._streams:
-                raise EngineError(f"duplicate request id {request.request_id}")
-            self._streams[request.request_id] = queue
             seq = _Sequence(request)
             if not request.params.greedy:
                 seq.generator = torch.Generator(device="cpu")
@@ -169,7 +192,6 @@ class ReferenceEngine(Engine):
                                           else int(np.random.SeedSequence().entropy % (2**63)))
             self._waiting.append(seq)
             self._cond.notify()
-        return self._stream(request.request_id, queue)
 
     async def _stream(self, request_id: str, queue: asyncio.Queue[FrameChunk]) -> AsyncIterator[FrameChunk]:
         finished = False
@@ -234,11 +256,8 @@ class ReferenceEngine(Engine):
                                                       error=str(err))))
                     self._running = []
                     self._cache = self._new_cache()
-                if events and self._loop is not None:
-                    try:
-                        self._loop.call_soon_threadsafe(self._deliver, events)
-                    except RuntimeError:  # the event loop is gone: nobody is listening any more
-                        return
+                if events and not self._emit(events):
+                    return
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)

@@ -1,0 +1,315 @@
+"""An engine in its own process: the speech API's event loop and the generation loop stop sharing a GIL.
+
+Why: at a few hundred streams one Python process is bound by its interpreter lock, not
+by the GPU. The engine loop (launching graphs, reading codes, cutting audio windows) and
+the event loop (HTTP parsing, validation, tokenising, streaming bytes) each need most of
+a core; in one process they take turns, and the measured end-to-end throughput at 256
+streams fell a quarter short of the same engine driven directly
+(bench/results/runtime-h200-*-summary.md). This is the split vLLM makes between its API
+server and its engine core.
+
+:class:`ProcessEngine` is the API side: an :class:`Engine` whose ``submit`` sends the
+request over a pipe to a child process and whose streams are fed by a reader thread.
+The child (:func:`engine_process_main`) loads the model itself, runs a normal engine's
+worker thread, and sends each batch of chunks back as one message, with the observer's
+readings (scheduler waits, batch sizes) and the queue lengths. Nothing else crosses:
+prompts and sampling parameters go in, frames and audio come out.
+
+If the child dies, every open stream ends with an error, new requests are refused and
+``on_failure`` is called (the server then exits, so the pod is restarted).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+import threading
+from typing import Any, AsyncIterator, Callable
+
+import numpy as np
+
+from chattts_runtime.engines.base import (
+    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver, SynthesisRequest)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """What the child needs to build the engine: the checkpoint and the engine's arguments."""
+
+    kind: str  # "graph" | "reference"
+    checkpoint: str
+    device: str
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class _Readings:
+    """Observer of the child: collects readings until the next message carries them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.scheduled: list[tuple[str, float]] = []
+        self.steps: list[int] = []
+
+    def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
+        with self._lock:
+            self.scheduled.append((request.request_id, wait_seconds))
+
+    def on_step(self, batch_size: int) -> None:
+        with self._lock:
+            self.steps.append(batch_size)
+
+    def take(self) -> tuple[list, list]:
+        with self._lock:
+            out = self.scheduled, self.steps
+            self.scheduled, self.steps = [], []
+        return out
+
+
+def _build_engine(spec: EngineSpec, observer):
+    import torch  # noqa: PLC0415
+
+    from chattts_runtime.model import load_chattts  # noqa: PLC0415
+
+    model = load_chattts(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype))
+    if spec.kind == "graph":
+        from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+
+        return GraphEngine(model, observer=observer, **spec.kwargs)
+    if spec.kind == "reference":
+        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
+
+        return ReferenceEngine(model, observer=observer, **spec.kwargs)
+    raise ValueError(f"no engine kind {spec.kind!r} runs in a process")
+
+
+def engine_process_main(spec: EngineSpec, requests, events) -> None:
+    """The child: build the engine, then serve messages from ``requests`` until "stop" or EOF."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [engine] %(message)s")
+    send_lock = threading.Lock()
+    readings = _Readings()
+
+    def send(message) -> bool:
+        try:
+            with send_lock:
+                events.send(message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    try:
+        engine = _build_engine(spec, readings)
+        engine.start_worker()
+    except BaseException as err:  # noqa: BLE001  (reported to the parent's start())
+        log.exception("engine start-up failed")
+        send(("failed", f"{type(err).__name__}: {err}"))
+        return
+
+    def emit(batch: list[tuple[str, FrameChunk]]) -> bool:
+        scheduled, steps = readings.take()
+        return send(("chunks", batch, scheduled, steps, engine.num_waiting, engine.num_running))
+
+    engine._emit = emit  # chunks go to the pipe instead of an event loop
+    send(("ready", engine.describe(), bool(getattr(engine, "decodes_audio", False)), engine.model.sizes.gpt.num_vq))
+    try:
+        while True:
+            try:
+                message = requests.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if message[0] == "submit":
+                request = message[1]
+                try:
+                    engine.enqueue(request)
+                except EngineError as err:  # refused after all (the parent checked most of it)
+                    emit([(request.request_id, FrameChunk(engine._empty(), finished=True, finish_reason="error",
+                                                          error=str(err)))])
+            elif message[0] == "abort":
+                engine.abort(message[1])
+            elif message[0] == "stop":
+                break
+    finally:
+        engine.stop_worker()
+        send(("stopped",))
+
+
+class ProcessEngine(Engine):
+    """The API side of an engine running in a child process (see the module docstring)."""
+
+    def __init__(self, spec: EngineSpec, *, max_waiting: int, max_model_len: int,
+                 observer: SchedulerObserver | None = None, on_failure: Callable[[str], None] | None = None,
+                 start_timeout: float = 900.0):
+        self.spec = spec
+        self.name = spec.kind
+        self.max_waiting = max_waiting
+        self.max_model_len = max_model_len
+        self.observer = observer or NullObserver()
+        self.on_failure = on_failure
+        self.start_timeout = start_timeout
+        self.decodes_audio = False  # known once the child is ready
+        self.failed: str | None = None
+        self._described: dict[str, Any] = {}
+        self._streams: dict[str, asyncio.Queue[FrameChunk]] = {}
+        self._requests: dict[str, SynthesisRequest] = {}  # submitted, not yet scheduled
+        self._running = 0
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._process = None
+        self._send_lock = threading.Lock()
+        self._to_child = None
+        self._from_child = None
+        self._reader: threading.Thread | None = None
+        self._ready: asyncio.Future | None = None
+        self._num_vq = 1
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA or threads
+        child_requests, self._to_child = ctx.Pipe(duplex=False)
+        self._from_child, child_events = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=engine_process_main, args=(self.spec, child_requests, child_events),
+                                    name=f"chattts-{self.spec.kind}-engine", daemon=True)
+        self._process.start()
+        child_requests.close()
+        child_events.close()
+        self._reader = threading.Thread(target=self._read, name="chattts-engine-reader", daemon=True)
+        self._reader.start()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
+        except asyncio.TimeoutError:
+            self._process.kill()
+            raise EngineError(f"engine process did not start within {self.start_timeout:.0f} s") from None
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._process is not None and self._process.is_alive():
+            self._send(("stop",))
+            await asyncio.to_thread(self._process.join, 30)
+            if self._process.is_alive():
+                self._process.kill()
+        self._end_all("aborted", None)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._requests)
+
+    @property
+    def num_running(self) -> int:
+        return self._running
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._described, "process": "separate", "pid": self._process.pid if self._process else None}
+
+    def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
+        if self.failed is not None:
+            raise EngineStopped(f"engine process failed: {self.failed}")
+        if self._stopping or self._loop is None:
+            raise EngineStopped("engine is not running")
+        if len(request.prompt_ids) + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        if len(self._requests) >= self.max_waiting:
+            raise QueueFull(len(self._requests), retry_after=1.0)
+        if request.request_id in self._streams:
+            raise EngineError(f"duplicate request id {request.request_id}")
+        queue: asyncio.Queue[FrameChunk] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        self._requests[request.request_id] = request
+        if not self._send(("submit", request)):
+            del self._streams[request.request_id], self._requests[request.request_id]
+            raise EngineStopped("engine process is gone")
+        return self._stream(request.request_id, queue)
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue[FrameChunk]) -> AsyncIterator[FrameChunk]:
+        finished = False
+        try:
+            while not finished:
+                chunk = await queue.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(request_id)
+            self._streams.pop(request_id, None)
+            self._requests.pop(request_id, None)
+
+    def _send(self, message) -> bool:
+        try:
+            with self._send_lock:
+                self._to_child.send(message)
+            return True
+        except (BrokenPipeError, OSError, AttributeError):
+            return False
+
+    # -- the reader thread and the event loop ----------------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._from_child.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._loop.call_soon_threadsafe(self._on_message, message)
+            except RuntimeError:  # the event loop is gone
+                return
+            if message[0] in ("stopped", "failed"):
+                return
+        code = self._process.exitcode if self._process is not None else None
+        try:
+            self._loop.call_soon_threadsafe(self._on_message, ("died", code))
+        except RuntimeError:
+            pass
+
+    def _on_message(self, message) -> None:
+        kind = message[0]
+        if kind == "chunks":
+            _, batch, scheduled, steps, _waiting, running = message
+            for request_id, wait in scheduled:
+                request = self._requests.pop(request_id, None)
+                if request is not None:
+                    self.observer.on_scheduled(request, wait)
+            for size in steps:
+                self.observer.on_step(size)
+            self._running = running
+            for request_id, chunk in batch:
+                queue = self._streams.get(request_id)
+                if queue is not None:
+                    queue.put_nowait(chunk)
+        elif kind == "ready":
+            self._described, self.decodes_audio, self._num_vq = message[1], message[2], message[3]
+            if not self._ready.done():
+                self._ready.set_result(None)
+        elif kind == "failed":
+            self._fail(f"engine process failed to start: {message[1]}")
+        elif kind == "died" and not self._stopping:
+            self._fail(f"engine process exited with code {message[1]}")
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is not None:
+            return
+        self.failed = reason
+        log.error("%s", reason)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(EngineError(reason))
+            return
+        self._end_all("error", reason)
+        if self.on_failure is not None:
+            self.on_failure(reason)
+
+    def _end_all(self, reason: str, error: str | None) -> None:
+        for queue in list(self._streams.values()):
+            queue.put_nowait(FrameChunk(np.zeros((0, self._num_vq), np.int64), finished=True, finish_reason=reason,
+                                        error=error))
+        self._requests.clear()
