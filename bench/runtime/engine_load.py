@@ -68,9 +68,14 @@ async def main_async(args) -> list[dict]:
     rows = []
     try:
         await level(engine, model, 1, 1, 8, args.audio)  # warm-up
+        intervals = [float(x) for x in args.admit_intervals.split(",")] if args.admit_intervals else [None]
         for c in levels:
-            rows.append(await level(engine, model, c, args.rounds, args.frames, args.audio))
-            print(json.dumps(rows[-1]), flush=True)
+            for interval in intervals:
+                if interval is not None:
+                    engine.admit_interval = interval  # read by the worker at every admission
+                rows.append({**await level(engine, model, c, args.rounds, args.frames, args.audio),
+                             "admit_interval_s": getattr(engine, "admit_interval", None)})
+                print(json.dumps(rows[-1]), flush=True)
     finally:
         await engine.stop()
     return rows
@@ -85,6 +90,8 @@ def main() -> int:
     p.add_argument("--concurrency", default="1,16,64,256")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--audio", action="store_true", help="decode audio windows in the engine (graph engine)")
+    p.add_argument("--admit-intervals", default=None,
+                   help="graph engine: comma-separated admission intervals (s) to run at each level")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.audio and args.engine != "graph":

@@ -64,6 +64,8 @@ def test_buckets():
     assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
     assert bucket_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
     assert bucket_sizes(2048, smallest=128) == [128, 256, 512, 1024, 2048]
+    assert bucket_sizes(256, step=32) == [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]
+    assert bucket_sizes(100, step=32) == [1, 2, 4, 8, 16, 32, 64, 96, 100]
     assert pick_bucket([1, 2, 4], 3) == 4 and pick_bucket([1, 2, 4], 1) == 1
     with pytest.raises(ValueError):
         pick_bucket([1, 2, 4], 5)

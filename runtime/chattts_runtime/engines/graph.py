@@ -84,12 +84,12 @@ def counter_uniforms(seed: torch.Tensor, step: torch.Tensor, heads: int) -> torc
     return _shr(x, 40).to(torch.float32) / float(1 << 24)
 
 
-def bucket_sizes(limit: int, smallest: int = 1) -> list[int]:
-    """Powers of two from ``smallest`` up to ``limit``, with ``limit`` itself last."""
+def bucket_sizes(limit: int, smallest: int = 1, step: int | None = None) -> list[int]:
+    """Powers of two from ``smallest`` up to ``limit`` (then every ``step``, if given), ``limit`` last."""
     out, size = [], smallest
     while size < limit:
         out.append(size)
-        size *= 2
+        size = size * 2 if step is None or size * 2 <= step else size + step
     out.append(limit)
     return out
 
@@ -407,7 +407,8 @@ class GraphEngine(ReferenceEngine):
         self.admit_interval = (0.02 if self.cuda else 0.0) if admit_interval is None else admit_interval
         if self.admit_interval < 0:
             raise ValueError("admit_interval must be >= 0")
-        self.batch_buckets = bucket_sizes(max_num_seqs)
+        # Past 64 rows, buckets every 32: a step over 160 slots should not pay for 256.
+        self.batch_buckets = bucket_sizes(max_num_seqs, step=32)
         self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len))
         self.prefill_rows = min(prefill_rows, max_num_seqs)
         self.prefill_row_buckets = bucket_sizes(self.prefill_rows)
@@ -611,7 +612,7 @@ class GraphEngine(ReferenceEngine):
     def _admit_now(self) -> bool:
         if not self._waiting:
             return False
-        if not self._running:
+        if not self._running or len(self._waiting) >= self.prefill_rows:  # idle, or a full prefill is ready
             return True
         return time.monotonic() - self._waiting[0].request.arrival >= self.admit_interval
 
