@@ -86,19 +86,58 @@ def _build_engine(spec: EngineSpec, observer):
     raise ValueError(f"no engine kind {spec.kind!r} runs in a process")
 
 
+# Linux's F_SETPIPE_SZ: a pipe that holds a whole step's chunks (audio of a dozen windows, about
+# half a MiB) is written and read in one system call each instead of 64 KiB turns.
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20
+
+
+def _widen(connection) -> None:
+    try:
+        import fcntl  # noqa: PLC0415
+
+        fcntl.fcntl(connection.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):  # not Linux, or above /proc/sys/fs/pipe-max-size: default size
+        pass
+
+
+class _Sender:
+    """Sends messages from its own thread, so the engine loop never waits for the reader."""
+
+    def __init__(self, connection):
+        import queue  # noqa: PLC0415
+
+        self._connection = connection
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.broken = False
+        self._thread = threading.Thread(target=self._run, name="chattts-engine-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, message) -> bool:
+        if self.broken:
+            return False
+        self._queue.put(message)
+        return True
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not None:
+            try:
+                self._connection.send(message)
+            except (BrokenPipeError, OSError):
+                self.broken = True
+                return
+
+
 def engine_process_main(spec: EngineSpec, requests, events) -> None:
     """The child: build the engine, then serve messages from ``requests`` until "stop" or EOF."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [engine] %(message)s")
-    send_lock = threading.Lock()
+    sender = _Sender(events)
+    send = sender.send
     readings = _Readings()
-
-    def send(message) -> bool:
-        try:
-            with send_lock:
-                events.send(message)
-            return True
-        except (BrokenPipeError, OSError):
-            return False
 
     try:
         engine = _build_engine(spec, readings)
@@ -106,6 +145,7 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
     except BaseException as err:  # noqa: BLE001  (reported to the parent's start())
         log.exception("engine start-up failed")
         send(("failed", f"{type(err).__name__}: {err}"))
+        sender.close()
         return
 
     def emit(batch: list[tuple[str, FrameChunk]]) -> bool:
@@ -134,6 +174,7 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
     finally:
         engine.stop_worker()
         send(("stopped",))
+        sender.close()
 
 
 class ProcessEngine(Engine):
@@ -173,6 +214,12 @@ class ProcessEngine(Engine):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA or threads
         child_requests, self._to_child = ctx.Pipe(duplex=False)
         self._from_child, child_events = ctx.Pipe(duplex=False)
+        _widen(self._from_child)
+        # The reader thread must get the interpreter lock promptly when a message lands (at the
+        # default 5 ms switch interval the event loop holds it that long; the pipe fills meanwhile).
+        import sys  # noqa: PLC0415
+
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._process = ctx.Process(target=engine_process_main, args=(self.spec, child_requests, child_events),
                                     name=f"chattts-{self.spec.kind}-engine", daemon=True)
         self._process.start()
