@@ -136,7 +136,7 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 async def run_level(url: str, concurrency: int, requests_per_client: int, texts: list[str], *,
                     server_pid: int | None = None, client_procs: int | None = None,
-                    client_lib: str = "auto") -> dict:
+                    client_lib: str = "auto", stagger_s: float = 0.0) -> dict:
     """One level through the multi-process load generator, with the server's metrics and CPU use around it."""
     before = await scrape(url)
     server_cpu: list[float | None] = []
@@ -145,7 +145,7 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
         server_cpu.append(process_cpu_seconds(server_pid) if server_pid else None)
 
     row = await asyncio.to_thread(loadgen.run_level, url, concurrency, requests_per_client, texts,
-                                  client_procs, client_lib, sample_server_cpu, sample_server_cpu)
+                                  client_procs, client_lib, sample_server_cpu, sample_server_cpu, stagger_s)
     after = await scrape(url)
     cpu0, cpu1 = server_cpu
 
@@ -202,16 +202,18 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         f"through the speech API, sampling (temperature 0.3). Environment: "
         f"{json.dumps(report['environment'])}.",
         "",
-        "| mode | concurrency | requests | throughput (audio s / s) | vs sequential | TTFA p50 (s) | TTFA p99 (s) "
+        "| mode | concurrency | requests (steady) | steady window (s) | throughput (audio s / s) | vs sequential "
+        "| TTFA p50 (s) | TTFA p99 (s) "
         "| RTF p50 | RTF p99 | deadline wait mean (s) | mean batch | client procs | client CPU busiest proc "
         "| client CPU all (cores) | server CPU (cores) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = report["sequential"]["throughput_audio_s_per_s"]
     for row in [report["sequential"], *report["levels"]]:
         mode = "sequential (baseline)" if row is report["sequential"] else "concurrent"
         lines.append(
-            f"| {mode} | {row['concurrency']} | {row['requests']} | {row['throughput_audio_s_per_s']:.2f} "
+            f"| {mode} | {row['concurrency']} | {row['requests']} ({row.get('steady_requests', row['requests'])}) "
+            f"| {row.get('steady_window_s', row['wall_s']):.2f} | {row['throughput_audio_s_per_s']:.2f} "
             f"| {row['throughput_audio_s_per_s'] / base:.2f}x | {row['ttfa_p50_s']:.3f} | {row['ttfa_p99_s']:.3f} "
             f"| {row['rtf_p50']:.3f} | {row['rtf_p99']:.3f} | "
             f"{row['deadline_wait_mean_s'] if row['deadline_wait_mean_s'] is None else round(row['deadline_wait_mean_s'], 4)} "
@@ -219,12 +221,15 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
             f"| {row['client_procs']} | {row['loadgen_cpu_max_proc']:.2f} | {row['loadgen_cpu_cores']:.2f} "
             f"| {'n/a' if row['server_cpu_cores'] is None else format(row['server_cpu_cores'], '.2f')} |")
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
-              "than real time). Throughput: audio seconds delivered per wall second over the level. Percentiles "
-              "over all requests of a level; the sequential baseline runs the same requests one at a time in the "
-              "same server process, before the concurrent levels. Client: closed-loop streaming clients spread "
-              f"over separate processes ({report['environment']['client_lib']} on "
-              f"{report['environment']['client_loop']}), released together; the level's wall time runs from that "
-              "release to the last request's end. Client CPU: CPU seconds per wall second, for the busiest client "
+              "than real time). Client: closed-loop streaming clients spread over separate processes "
+              f"({report['environment']['client_lib']} on {report['environment']['client_loop']}), released "
+              "together; at concurrent levels client i starts i/C of a stagger (half the audio of one request) "
+              "late, so arrivals come in steady phases rather than one burst of C (every request has the same "
+              "length, so a common start would repeat as a burst every round). Steady window: from the last "
+              "client's start to the first client's end, when all C clients were in their loops. Throughput: "
+              "audio seconds delivered inside the steady window per second of it; percentiles over the requests "
+              "that began and ended inside it (all requests when none did). The sequential baseline runs the same "
+              "requests one at a time in the same server process, before the concurrent levels. Client CPU: CPU seconds per wall second, for the busiest client "
               "process (1.00 = one core saturated, the load generator would then be the bottleneck) and for all of "
               "them; server CPU likewise for the server process (all its threads), over the same window."]
     mpath.write_text("\n".join(lines) + "\n")
@@ -252,8 +257,9 @@ async def main_async(args) -> dict:
                                      client_lib=client_lib)
         results = []
         for c in levels:
+            stagger = (args.stagger if args.stagger is not None else args.frames * 512 / SAMPLE_RATE / 2) if c > 1 else 0.0
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
-                                  client_lib=client_lib)
+                                  client_lib=client_lib, stagger_s=stagger)
             results.append(row)
             print(f"concurrency {c}: {row['throughput_audio_s_per_s']:.2f} audio s/s, "
                   f"ttfa p50 {row['ttfa_p50_s']:.3f} p99 {row['ttfa_p99_s']:.3f}, rtf p50 {row['rtf_p50']:.3f}, "
@@ -299,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated concurrency levels")
     p.add_argument("--sequential", type=int, default=8, help="requests in the one-at-a-time baseline")
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency level")
+    p.add_argument("--stagger", type=float, default=None,
+                   help="seconds over which the clients' first requests are spread (default: half the audio "
+                        "of one request); throughput and percentiles cover the window where all clients run")
     p.add_argument("--chunk-frames", type=int, default=24, help="frames per streamed audio chunk")
     p.add_argument("--engine", default="reference", choices=("reference", "graph"),
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")

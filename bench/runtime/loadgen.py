@@ -91,12 +91,40 @@ class ProcResult:
     loop: str
 
 
-def summarize(results: Sequence[ProcResult], released: float) -> dict:
-    """Merge the processes' records into one level: throughput over the common wall, percentiles, client CPU.
+def steady_window(records: Sequence[dict], released: float, stagger_s: float) -> tuple[float, float]:
+    """``[start, end]`` during which every client was in its closed loop.
 
-    ``loadgen_cpu_max_proc`` is the busiest process's CPU seconds per wall second of its own
-    window (1.0 = one core saturated: the load generator may then be the bottleneck);
-    ``loadgen_cpu_cores`` is all processes' CPU seconds per level wall second.
+    It starts once the last client has started (``stagger_s`` after the release) and ends
+    when the first client has finished its last request: outside it, fewer than
+    ``concurrency`` streams were offered, so neither throughput nor latency there is "at
+    that load".
+    """
+    last_end: dict[int, float] = {}
+    for r in records:
+        last_end[r["client"]] = max(last_end.get(r["client"], r["ended"]), r["ended"])
+    return released + stagger_s, min(last_end.values())
+
+
+def audio_in_window(record: dict, start: float, end: float) -> float:
+    """The request's audio seconds delivered inside ``[start, end]`` (delivery taken as even from first audio to end)."""
+    first = record["began"] + record["ttfa"]
+    span = record["ended"] - first
+    if span <= 0:
+        return record["audio_s"] if start <= record["ended"] <= end else 0.0
+    overlap = min(end, record["ended"]) - max(start, first)
+    return record["audio_s"] * max(0.0, overlap) / span
+
+
+def summarize(results: Sequence[ProcResult], released: float, stagger_s: float = 0.0) -> dict:
+    """Merge the processes' records into one level: throughput, percentiles, client CPU.
+
+    Throughput and percentiles are taken over the steady window (``steady_window``):
+    throughput is the audio delivered inside it per second of it, percentiles cover the
+    requests that began and ended inside it (all requests when none did, e.g. one client,
+    one round). ``throughput_wall_audio_s_per_s`` is all audio over the whole level's wall,
+    ramps included. ``loadgen_cpu_max_proc`` is the busiest process's CPU seconds per wall
+    second of its own window (1.0 = one core saturated: the load generator may then be the
+    bottleneck); ``loadgen_cpu_cores`` is all processes' CPU seconds per level wall second.
     """
     if not results:
         raise ValueError("no client process results to summarize")
@@ -105,12 +133,19 @@ def summarize(results: Sequence[ProcResult], released: float) -> dict:
     if wall <= 0:
         raise ValueError(f"level wall time must be positive, got {wall}")
     audio = sum(r["audio_s"] for r in records)
-    ttfa = [r["ttfa"] for r in records]
-    rtf = [r["rtf"] for r in records]
+    start, end = steady_window(records, released, stagger_s)
+    steady = [r for r in records if r["began"] >= start and r["ended"] <= end] or records
+    if end - start > 0:
+        throughput = sum(audio_in_window(r, start, end) for r in records) / (end - start)
+    else:  # no moment with every client in its loop (one round, wide stagger): the whole wall
+        throughput = audio / wall
+    ttfa = [r["ttfa"] for r in steady]
+    rtf = [r["rtf"] for r in steady]
     per_proc = [res.cpu_s / max(res.finished - res.started, 1e-9) for res in results]
     return {
-        "requests": len(records), "wall_s": wall, "audio_s": audio,
-        "throughput_audio_s_per_s": audio / wall,
+        "requests": len(records), "steady_requests": len(steady), "wall_s": wall, "audio_s": audio,
+        "steady_window_s": max(0.0, end - start), "stagger_s": stagger_s,
+        "throughput_audio_s_per_s": throughput, "throughput_wall_audio_s_per_s": audio / wall,
         "ttfa_p50_s": percentile(ttfa, 0.5), "ttfa_p99_s": percentile(ttfa, 0.99),
         "rtf_p50": percentile(rtf, 0.5), "rtf_p99": percentile(rtf, 0.99),
         "client_procs": len(results),
@@ -190,6 +225,7 @@ def make_client(lib: str, base_url: str, connections: int):
 async def one_request(client, body: bytes) -> dict:
     """POST one streaming PCM request; time to the first audio bytes and to the end of the stream."""
     start = time.perf_counter()
+    began = time.monotonic()  # system-wide clock: comparable across the client processes
     first = None
     received = 0
     async with client.post_stream(SPEECH_PATH, body) as (status, chunks):
@@ -210,7 +246,8 @@ async def one_request(client, body: bytes) -> dict:
     if received % 2:
         raise RuntimeError(f"PCM stream of odd length {received} (16-bit samples expected)")
     audio_s = received / 2 / SAMPLE_RATE
-    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s}
+    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s,
+            "began": began, "ended": began + total}
 
 
 def _cpu_seconds() -> float:
@@ -219,7 +256,7 @@ def _cpu_seconds() -> float:
 
 
 async def _run_clients(conn, url: str, clients: list[int], rounds: int, texts: list[str], lib: str, loop_name: str,
-                       release) -> None:
+                       release, stagger: tuple[float, int] = (0.0, 1)) -> None:
     client = make_client(lib, url, len(clients) + 4)
     try:
         # Warm: one connection per client opened now, so the level's first requests don't pay the TCP connect.
@@ -234,6 +271,9 @@ async def _run_clients(conn, url: str, clients: list[int], rounds: int, texts: l
         records: list[dict] = []
 
         async def closed_loop(c: int) -> None:
+            spread, concurrency = stagger
+            if spread > 0:  # client c starts c/C of the spread late: arrivals in steady phases, not one burst
+                await asyncio.sleep(spread * c / concurrency)
             for r in range(rounds):
                 records.append({"client": c, "round": r, **(await one_request(client, bodies[(c, r)]))})
 
@@ -244,7 +284,8 @@ async def _run_clients(conn, url: str, clients: list[int], rounds: int, texts: l
     conn.send(("done", ProcResult(records, started, finished, cpu1 - cpu0, lib, loop_name)))
 
 
-def _child_main(conn, url: str, clients: list[int], rounds: int, texts: list[str], lib: str, release) -> None:
+def _child_main(conn, url: str, clients: list[int], rounds: int, texts: list[str], lib: str, release,
+                stagger: tuple[float, int] = (0.0, 1)) -> None:
     """Entry point of one client process: run its clients, send back ``ProcResult`` or the error's traceback."""
     try:
         try:
@@ -255,7 +296,7 @@ def _child_main(conn, url: str, clients: list[int], rounds: int, texts: list[str
             runner, loop_name = uvloop.run, "uvloop"
         else:
             runner, loop_name = asyncio.run, "asyncio"
-        runner(_run_clients(conn, url, clients, rounds, texts, lib, loop_name, release))
+        runner(_run_clients(conn, url, clients, rounds, texts, lib, loop_name, release, stagger))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent with its message
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -312,13 +353,14 @@ def _collect(pending: dict, kind: str, deadline: float | None) -> dict[int, Any]
 
 def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], procs: int | None = None,
               client_lib: str = "auto", on_release: Callable[[], None] | None = None,
-              on_done: Callable[[], None] | None = None) -> dict:
+              on_done: Callable[[], None] | None = None, stagger_s: float = 0.0) -> dict:
     """``concurrency`` closed-loop streaming clients, ``rounds`` requests each, over ``procs`` processes.
 
     Blocking (it waits on child processes): call it from a thread in async code.
     ``on_release``/``on_done`` run right before the clients are released and right after the
     last one reported (e.g. to sample the server's CPU time over the same window).
-    Returns ``summarize``'s level dict plus ``concurrency``.
+    ``stagger_s`` spreads the clients' first requests evenly over that many seconds (see
+    ``summarize`` for what is then measured). Returns ``summarize``'s level dict plus ``concurrency``.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -333,7 +375,8 @@ def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], pro
         for i, clients in enumerate(groups):
             parent_end, child_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_child_main, name=f"loadgen-{i}", daemon=True,
-                               args=(child_end, url, clients, rounds, list(texts), lib, release))
+                               args=(child_end, url, clients, rounds, list(texts), lib, release,
+                                     (stagger_s, concurrency)))
             proc.start()
             child_end.close()  # only the child writes; EOF then means the child is gone
             children.append(proc)
@@ -346,7 +389,7 @@ def run_level(url: str, concurrency: int, rounds: int, texts: Sequence[str], pro
         results = _collect(pending, "done", None)
         if on_done is not None:
             on_done()
-    return {"concurrency": concurrency, **summarize([results[i] for i in sorted(results)], released)}
+    return {"concurrency": concurrency, **summarize([results[i] for i in sorted(results)], released, stagger_s)}
 
 
 # ---------------------------------------------------------------- capacity: the load generator against a trivial server

@@ -54,27 +54,44 @@ def test_request_text_depends_on_client_and_round_only():
     assert len(set(one_proc.values())) == len(TEXTS)  # 15 requests cycle through all texts
 
 
-def record(client: int, round_: int, ttfa: float, total: float, audio_s: float) -> dict:
+def record(client: int, round_: int, ttfa: float, total: float, audio_s: float, began: float = 100.0) -> dict:
     return {"client": client, "round": round_, "ttfa": ttfa, "total": total, "audio_s": audio_s,
-            "rtf": total / audio_s}
+            "rtf": total / audio_s, "began": began, "ended": began + total}
 
 
-def test_summarize_measures_from_the_common_release_to_the_last_finish():
+def test_summarize_measures_inside_the_window_where_every_client_runs():
     released = 100.0
-    fast = loadgen.ProcResult([record(0, 0, 0.1, 1.0, 2.0), record(0, 1, 0.3, 1.0, 2.0)],
+    fast = loadgen.ProcResult([record(0, 0, 0.1, 1.0, 2.0, began=100.0), record(0, 1, 0.3, 1.0, 2.0, began=101.0)],
                               started=100.01, finished=102.0, cpu_s=0.5, client_lib="aiohttp", loop="asyncio")
-    slow = loadgen.ProcResult([record(1, 0, 0.2, 4.0, 2.0)],
+    slow = loadgen.ProcResult([record(1, 0, 0.2, 4.0, 2.0, began=100.0)],
                               started=100.05, finished=104.0, cpu_s=3.9, client_lib="aiohttp", loop="asyncio")
     row = loadgen.summarize([fast, slow], released)
     assert row["wall_s"] == pytest.approx(4.0)
     assert row["audio_s"] == pytest.approx(6.0)
-    assert row["throughput_audio_s_per_s"] == pytest.approx(1.5)
-    assert row["requests"] == 3 and row["client_procs"] == 2
-    assert row["ttfa_p50_s"] == pytest.approx(0.2)
+    assert row["throughput_wall_audio_s_per_s"] == pytest.approx(1.5)
+    # Client 0 finishes at 102: the window is [100, 102]. Client 0's 4 audio seconds lie inside it,
+    # and 1.8 of the slow request's 3.8 s of delivery (from its first audio at 100.2).
+    assert row["steady_window_s"] == pytest.approx(2.0)
+    assert row["throughput_audio_s_per_s"] == pytest.approx((4.0 + 2.0 * 1.8 / 3.8) / 2.0)
+    assert row["requests"] == 3 and row["steady_requests"] == 2 and row["client_procs"] == 2
+    assert row["ttfa_p50_s"] == pytest.approx(0.2)  # of the two steady requests (0.1 and 0.3)
     assert row["release_skew_s"] == pytest.approx(0.05)
     # Busiest process: 3.9 CPU s over its own 3.95 s window; all of them: 4.4 CPU s over the 4 s level.
     assert row["loadgen_cpu_max_proc"] == pytest.approx(3.9 / 3.95)
     assert row["loadgen_cpu_cores"] == pytest.approx(4.4 / 4.0)
+
+
+def test_a_staggered_start_moves_the_window_and_leaves_ramp_requests_out():
+    a = loadgen.ProcResult([record(0, r, 0.1, 1.0, 1.0, began=100.0 + r) for r in range(4)],
+                           started=100.0, finished=104.0, cpu_s=0.1, client_lib="aiohttp", loop="asyncio")
+    b = loadgen.ProcResult([record(1, r, 0.1, 1.0, 1.0, began=100.5 + r) for r in range(4)],
+                           started=100.0, finished=104.5, cpu_s=0.1, client_lib="aiohttp", loop="asyncio")
+    row = loadgen.summarize([a, b], 100.0, stagger_s=0.5)
+    assert row["steady_window_s"] == pytest.approx(3.5)  # [100.5, 104.0]
+    # Requests wholly inside: client 0 rounds 1-3, client 1 rounds 0-2.
+    assert row["steady_requests"] == 6
+    # Each request delivers its 1 s of audio evenly over 0.9 s: 2 audio s per s with both running.
+    assert row["throughput_audio_s_per_s"] == pytest.approx(2.0 * (1.0 / 0.9) * 0.9, rel=0.1)
 
 
 def test_summarize_refuses_nothing_to_merge():
@@ -165,7 +182,8 @@ def test_level_over_processes_sends_every_request_and_counts_its_audio(lib):
     audio_per_request = CHUNKS_PER_REQUEST * len(CHUNK) / 2 / loadgen.SAMPLE_RATE
     assert row["audio_s"] == pytest.approx(concurrency * rounds * audio_per_request)
     assert 0 < row["ttfa_p50_s"] <= row["ttfa_p99_s"]
-    assert row["wall_s"] > 0 and row["throughput_audio_s_per_s"] == pytest.approx(row["audio_s"] / row["wall_s"])
+    assert row["wall_s"] > 0 and row["throughput_wall_audio_s_per_s"] == pytest.approx(row["audio_s"] / row["wall_s"])
+    assert 0 < row["steady_window_s"] <= row["wall_s"] and row["throughput_audio_s_per_s"] > 0
     assert 0 <= row["loadgen_cpu_max_proc"] and 0 <= row["loadgen_cpu_cores"]
     # Exactly the bodies a single process would send, whichever process ran which client.
     sent = Counter(text for path, text in server.events if path == "/v1/audio/speech")
