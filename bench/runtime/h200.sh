@@ -90,7 +90,7 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=150 [graph]=300 [reference]=240 [loadgen]=90)
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [reference]=200 [loadgen]=90)
 RESERVE_S=15
 declare -A STATUS
 summary=()
@@ -99,9 +99,10 @@ step_command() {
   case "$1" in
     anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
     graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
-    engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,256 --rounds 2 --out $STAGE/results/engine_load-graph.json" ;;
+    engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,128,256 --rounds 3 --audio --out $STAGE/results/engine_load-graph.json" ;;
     loadgen) echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json" ;;
-    graph|reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 8 --rounds 2 --engine $1 --max-model-len 1024 --tag h200-$DATE-$1" ;;
+    graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 4 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
+    reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 4 --rounds 2 --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
   esac
 }
 
