@@ -223,7 +223,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "
               f"({report['environment']['client_lib']} on {report['environment']['client_loop']}), released "
-              "together; at concurrent levels client i starts i/C of a stagger (half the audio of one request) "
+              "together; at concurrent levels client i starts i/C of a stagger (`--stagger`, 0.5 s) "
               "late, so arrivals come in steady phases rather than one burst of C (every request has the same "
               "length, so a common start would repeat as a burst every round). Steady window: from the last "
               "client's start to the first client's end, when all C clients were in their loops. Throughput: "
@@ -257,7 +257,7 @@ async def main_async(args) -> dict:
                                      client_lib=client_lib)
         results = []
         for c in levels:
-            stagger = (args.stagger if args.stagger is not None else args.frames * 512 / SAMPLE_RATE / 2) if c > 1 else 0.0
+            stagger = args.stagger if c > 1 else 0.0
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
                                   client_lib=client_lib, stagger_s=stagger)
             results.append(row)
@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated concurrency levels")
     p.add_argument("--sequential", type=int, default=8, help="requests in the one-at-a-time baseline")
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency level")
-    p.add_argument("--stagger", type=float, default=None,
-                   help="seconds over which the clients' first requests are spread (default: half the audio "
-                        "of one request); throughput and percentiles cover the window where all clients run")
+    p.add_argument("--stagger", type=float, default=0.5,
+                   help="seconds over which the clients' first requests are spread; throughput and "
+                        "percentiles cover the window where all clients run")
     p.add_argument("--chunk-frames", type=int, default=24, help="frames per streamed audio chunk")
     p.add_argument("--engine", default="reference", choices=("reference", "graph"),
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")

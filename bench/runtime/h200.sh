@@ -101,7 +101,7 @@ step_command() {
     graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
     engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,128,256 --rounds 3 --audio --out $STAGE/results/engine_load-graph.json" ;;
     loadgen) echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json" ;;
-    graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 4 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
+    graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 8 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
     reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 4 --rounds 2 --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
   esac
 }

@@ -13,6 +13,7 @@ Routes: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /health`` (process 
 
 import asyncio
 import base64
+import gc
 import signal
 import json
 import logging
@@ -236,6 +237,10 @@ class ServiceHolder:
             self.service = service
             if self.config.generation.warmup:
                 await service.warmup()
+            # Everything loaded so far (torch, the model, the app) lives as long as the process: keep it
+            # out of the cyclic collector, whose full passes over it stall the event loop for 100s of ms.
+            gc.collect()
+            gc.freeze()
             service.ready = True
             log.info("model %s loaded on %s (%s), engine %s ready", self.config.model.path, device, dtype,
                      engine.name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import multiprocessing
 import threading
@@ -153,6 +154,10 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
         return send(("chunks", batch, scheduled, steps, engine.num_waiting, engine.num_running))
 
     engine._emit = emit  # chunks go to the pipe instead of an event loop
+    # torch and the model stay for the process's life: out of the cyclic collector's full passes,
+    # which would otherwise stall the engine loop for 100s of ms now and then.
+    gc.collect()
+    gc.freeze()
     send(("ready", engine.describe(), bool(getattr(engine, "decodes_audio", False)), engine.model.sizes.gpt.num_vq))
     try:
         while True:
