@@ -318,7 +318,10 @@ class ProcessEngine(Engine):
                 return
             if message[0] in ("stopped", "failed"):
                 return
-        code = self._process.exitcode if self._process is not None else None
+        code = None
+        if self._process is not None:
+            self._process.join(timeout=10)  # EOF can come a moment before the child is reaped
+            code = self._process.exitcode
         try:
             self._loop.call_soon_threadsafe(self._on_message, ("died", code))
         except RuntimeError:
