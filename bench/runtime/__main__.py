@@ -228,7 +228,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
               "length, so a common start would repeat as a burst every round). Steady window: from the last "
               "client's start to the first client's end, when all C clients were in their loops. Throughput: "
               "audio seconds delivered inside the steady window per second of it; percentiles over the requests "
-              "that began and ended inside it (all requests when none did). The sequential baseline runs the same "
+              "that began and ended inside it (all requests when fewer than one per client did). The sequential baseline runs the same "
               "requests one at a time in the same server process, before the concurrent levels. Client CPU: CPU seconds per wall second, for the busiest client "
               "process (1.00 = one core saturated, the load generator would then be the bottleneck) and for all of "
               "them; server CPU likewise for the server process (all its threads), over the same window."]

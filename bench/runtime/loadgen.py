@@ -120,8 +120,8 @@ def summarize(results: Sequence[ProcResult], released: float, stagger_s: float =
 
     Throughput and percentiles are taken over the steady window (``steady_window``):
     throughput is the audio delivered inside it per second of it, percentiles cover the
-    requests that began and ended inside it (all requests when none did, e.g. one client,
-    one round). ``throughput_wall_audio_s_per_s`` is all audio over the whole level's wall,
+    requests that began and ended inside it (all requests when fewer than one per client
+    did, e.g. slow requests and few rounds). ``throughput_wall_audio_s_per_s`` is all audio over the whole level's wall,
     ramps included. ``loadgen_cpu_max_proc`` is the busiest process's CPU seconds per wall
     second of its own window (1.0 = one core saturated: the load generator may then be the
     bottleneck); ``loadgen_cpu_cores`` is all processes' CPU seconds per level wall second.
@@ -134,7 +134,9 @@ def summarize(results: Sequence[ProcResult], released: float, stagger_s: float =
         raise ValueError(f"level wall time must be positive, got {wall}")
     audio = sum(r["audio_s"] for r in records)
     start, end = steady_window(records, released, stagger_s)
-    steady = [r for r in records if r["began"] >= start and r["ended"] <= end] or records
+    steady = [r for r in records if r["began"] >= start and r["ended"] <= end]
+    if len(steady) < len({r["client"] for r in records}):  # under one per client: too few to stand for the level
+        steady = records
     if end - start > 0:
         throughput = sum(audio_in_window(r, start, end) for r in records) / (end - start)
     else:  # no moment with every client in its loop (one round, wide stagger): the whole wall
