@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 import numpy as np
 
@@ -111,6 +111,24 @@ class NullObserver:
 
     def on_step(self, batch_size: int) -> None:
         pass
+
+
+async def stream_chunks(queue, abandon: Callable[[], None], close: Callable[[], None]) -> AsyncIterator[FrameChunk]:
+    """A request's chunks from ``queue`` up to the finished one.
+
+    ``abandon()`` runs when the consumer stops before that (the client went away: the engine
+    should drop the request); ``close()`` runs in every case (forget the queue).
+    """
+    finished = False
+    try:
+        while not finished:
+            chunk = await queue.get()
+            finished = chunk.finished
+            yield chunk
+    finally:
+        if not finished:
+            abandon()
+        close()
 
 
 class Engine(abc.ABC):

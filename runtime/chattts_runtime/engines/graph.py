@@ -211,30 +211,6 @@ def record_frames(state: SlotState, rows, codes: torch.Tensor) -> None:
     state.generated[rows] = generated + 1
 
 
-def _attention_layers(gpt, state: SlotState, h: torch.Tensor, cos, sin, mask, write_kv) -> torch.Tensor:
-    """The Llama body over ``h [B, T, H]``; ``write_kv(layer, k, v)`` stores new keys and returns those to attend."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
-
-    s = gpt.sizes
-    b, t, _ = h.shape
-    groups = s.num_attention_heads // s.num_key_value_heads
-    for idx, layer in enumerate(gpt.llama.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = write_kv(idx, k, v)
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return gpt.llama.norm(h)
-
-
 def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> None:
     """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only."""
     rows = state.rows[:batch]
@@ -248,7 +224,7 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> Non
         state.values[idx][rows, :, position] = v[:, :, 0]
         return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
 
-    hidden = _attention_layers(gpt, state, h, cos, sin, mask, write_kv)[:, 0]
+    hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
     state.hidden[:batch] = hidden
     codes = sample_slots(state, slice(0, batch), gpt.embed.code_logits(hidden), eos)
     record_frames(state, slice(0, batch), codes)
@@ -296,7 +272,7 @@ def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speake
         state.values[idx][slots[:, None], :, cols] = v.transpose(1, 2)
         return k, v
 
-    out = _attention_layers(gpt, state, h, cos, sin, mask, write_kv)
+    out = gpt.body(h, cos, sin, mask, write_kv)
     hidden = out[state.rows[:rows], lengths - 1]
     state.hidden[slots] = hidden
     codes = sample_slots(state, slots, gpt.embed.code_logits(hidden), eos)

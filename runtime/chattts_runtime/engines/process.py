@@ -31,7 +31,8 @@ from typing import Any, AsyncIterator, Callable
 import numpy as np
 
 from chattts_runtime.engines.base import (
-    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver, SynthesisRequest)
+    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver, SynthesisRequest,
+    stream_chunks)
 
 log = logging.getLogger(__name__)
 
@@ -278,23 +279,16 @@ class ProcessEngine(Engine):
         if not self._send(("submit", request)):
             del self._streams[request.request_id], self._requests[request.request_id]
             raise EngineStopped("engine process is gone")
-        return self._stream(request.request_id, queue)
+        rid = request.request_id
+        return stream_chunks(queue, lambda: self.abort(rid), lambda: self._forget(rid))
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._requests.pop(request_id, None)
+
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
-
-    async def _stream(self, request_id: str, queue: asyncio.Queue[FrameChunk]) -> AsyncIterator[FrameChunk]:
-        finished = False
-        try:
-            while not finished:
-                chunk = await queue.get()
-                finished = chunk.finished
-                yield chunk
-        finally:
-            if not finished:
-                self.abort(request_id)
-            self._streams.pop(request_id, None)
-            self._requests.pop(request_id, None)
 
     def _send(self, message) -> bool:
         try:

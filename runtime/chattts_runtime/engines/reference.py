@@ -24,7 +24,7 @@ import torch
 
 from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SamplingParams,
-    SchedulerObserver, SynthesisRequest)
+    SchedulerObserver, SynthesisRequest, stream_chunks)
 from chattts_runtime.engines.kvcache import BatchKVCache
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,8 @@ class ReferenceEngine(Engine):
                 raise EngineError(f"duplicate request id {request.request_id}")
             self.enqueue(request)
             self._streams[request.request_id] = queue
-        return self._stream(request.request_id, queue)
+        rid = request.request_id
+        return stream_chunks(queue, lambda: self.abort(rid), lambda: self._streams.pop(rid, None))
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
@@ -192,18 +193,6 @@ class ReferenceEngine(Engine):
                                           else int(np.random.SeedSequence().entropy % (2**63)))
             self._waiting.append(seq)
             self._cond.notify()
-
-    async def _stream(self, request_id: str, queue: asyncio.Queue[FrameChunk]) -> AsyncIterator[FrameChunk]:
-        finished = False
-        try:
-            while not finished:
-                chunk = await queue.get()
-                finished = chunk.finished
-                yield chunk
-        finally:
-            if not finished:
-                self.abort(request_id)
-            self._streams.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         with self._cond:

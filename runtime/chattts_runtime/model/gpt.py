@@ -17,7 +17,7 @@ padding, which lets requests join and leave a running batch between steps.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +123,6 @@ class ChatTTSGPT(nn.Module):
         ``new_valid [B, T]`` marks left padding among the new positions (batched prefill).
         Returns the final-normed hidden states ``[B, T, H]``.
         """
-        s = self.sizes
         llama = self.llama
         h = inputs_embeds.to(self.dtype)
         bsz, t, _ = h.shape
@@ -135,25 +134,38 @@ class ChatTTSGPT(nn.Module):
             new_mask = (new_mask & new_valid[:, None, None, :]) | eye
         attn_mask = torch.cat((cache.valid[:, None, None, :].expand(bsz, 1, t, cache.length), new_mask), dim=-1)
         cos, sin = llama.rotary_emb(h, position_ids)
+        out = self.body(h, cos, sin, attn_mask, cache.append)
+        cache.advance(t, new_valid)
+        return out
+
+    def body(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+             write_kv: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The Llama layers and final norm over ``h [B, T, H]``.
+
+        ``write_kv(layer, k, v)`` stores the new keys/values wherever the caller keeps its
+        cache and returns the keys/values to attend to; ``mask`` is the boolean attention
+        mask over those. Shared by the reference engine's cache and the graph engine's slots.
+        """
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
 
+        s = self.sizes
+        b, t, _ = h.shape
         groups = s.num_attention_heads // s.num_key_value_heads
-        for idx, layer in enumerate(llama.layers):
+        for idx, layer in enumerate(self.llama.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(bsz, t, -1, s.head_dim).transpose(1, 2)
+            q = attn.q_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            k, v = cache.append(idx, k, v)
+            keys, values = write_kv(idx, k, v)
             if groups > 1:
-                k = k.repeat_interleave(groups, dim=1)
-                v = v.repeat_interleave(groups, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, t, -1))
+                keys = keys.repeat_interleave(groups, dim=1)
+                values = values.repeat_interleave(groups, dim=1)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        cache.advance(t, new_valid)
-        return llama.norm(h)
+        return self.llama.norm(h)
 
     def prompt_embeds(self, input_ids: Sequence[int], speaker: torch.Tensor | None,
                       speaker_token_id: int | None) -> torch.Tensor:
