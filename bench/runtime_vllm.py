@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.runtime.__main__ import (
-    RESULTS, SAMPLE_RATE, environment, free_port, make_checkpoint, run_level, wait_ready)
+    BENCH_TEXTS, RESULTS, SAMPLE_RATE, bench_checkpoint, environment, free_port, run_level, wait_ready)
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("reference", "vllm")
@@ -130,16 +130,11 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
 
 
 async def main_async(args) -> dict:
-    tmp = RESULTS / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    checkpoint = make_checkpoint(args.size, tmp / f"bench-{args.size}")
-    from chattts_runtime.model.config import load_model_sizes
-
-    g = load_model_sizes(checkpoint).gpt
+    checkpoint, g = bench_checkpoint(args.size)
     if g.hidden_size // g.num_attention_heads < 32:
         raise SystemExit("vLLM's CPU attention needs head_dim >= 32: choose another --size")
     levels = [int(c) for c in args.concurrency.split(",")]
-    texts = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
+    texts = BENCH_TEXTS
     engines = {}
     for name in ENGINES:
         engines[name] = await bench_engine(name, checkpoint, args, levels, texts)

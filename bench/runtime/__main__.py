@@ -61,6 +61,20 @@ def make_checkpoint(size: str, path: Path) -> Path:
     return testing.make_checkpoint(path, sizes, seed=0, endless=True)
 
 
+# The requests every runtime benchmark sends (distinct texts, similar prompt lengths).
+BENCH_TEXTS = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
+
+
+def bench_checkpoint(size: str):
+    """The benchmark's random checkpoint of ``size`` under bench/results/tmp, and its GPT sizes."""
+    from chattts_runtime.model.config import load_model_sizes
+
+    tmp = RESULTS / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    checkpoint = make_checkpoint(size, tmp / f"bench-{size}")
+    return checkpoint, load_model_sizes(checkpoint).gpt
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -228,27 +242,24 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
               "length, so a common start would repeat as a burst every round). Steady window: from the last "
               "client's start to the first client's end, when all C clients were in their loops. Throughput: "
               "audio seconds delivered inside the steady window per second of it; percentiles over the requests "
-              "that began and ended inside it (all requests when fewer than one per client did). The sequential baseline runs the same "
-              "requests one at a time in the same server process, before the concurrent levels. Client CPU: CPU seconds per wall second, for the busiest client "
-              "process (1.00 = one core saturated, the load generator would then be the bottleneck) and for all of "
+              "that began and ended inside it (all requests when fewer than one per client did). The sequential "
+              "baseline runs the same requests one at a time in the same server process, before the concurrent "
+              "levels. Client CPU: CPU seconds per wall second, for the busiest client process (1.00 = one core "
+              "saturated, the load generator would then be the bottleneck) and for all of "
               "them; server CPU likewise for the server process (all its threads), over the same window."]
     mpath.write_text("\n".join(lines) + "\n")
     return jpath, mpath
 
 
 async def main_async(args) -> dict:
+    checkpoint, g = bench_checkpoint(args.size)
     tmp = RESULTS / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    checkpoint = make_checkpoint(args.size, tmp / f"bench-{args.size}")
-    from chattts_runtime.model.config import load_model_sizes
-
-    g = load_model_sizes(checkpoint).gpt
     levels = args.concurrency
     client_lib = loadgen.pick_client_lib(args.client_lib)
     log = tmp / f"bench-server-{args.device}-{args.engine}.log"
     proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
                              engine=args.engine, max_model_len=args.max_model_len)
-    texts = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
+    texts = BENCH_TEXTS
     try:
         t0 = time.perf_counter()
         await wait_ready(url, proc, log=log)

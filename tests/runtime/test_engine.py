@@ -8,27 +8,7 @@ import pytest
 
 from chattts_runtime.engines.base import EngineError, QueueFull, SamplingParams, SynthesisRequest
 from chattts_runtime.engines.reference import ReferenceEngine
-
-TEXTS = ["hello", "hello world, this is a longer sentence", "hi", "one two three four five six seven",
-         "你好世界", "a", "the quick brown fox jumps over the lazy dog", "12345 67890"]
-
-
-class Recorder:
-    def __init__(self):
-        self.waits: list[float] = []
-        self.batches: list[int] = []
-
-    def on_scheduled(self, request, wait_seconds):
-        self.waits.append(wait_seconds)
-
-    def on_step(self, batch_size):
-        self.batches.append(batch_size)
-
-
-def request(model, i, text, params):
-    prompt = model.tokenizer.build(text, with_speaker=True)
-    return SynthesisRequest(f"r{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
-
+from rt_helpers import TEXTS, Recorder, request
 
 async def run_all(model, texts, params, *, concurrent, **engine_kw):
     rec = Recorder()

@@ -10,55 +10,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from chattts_runtime.engines.base import EngineError, SamplingParams, SynthesisRequest
+from chattts_runtime.engines.base import EngineError, SamplingParams
 from chattts_runtime.engines.graph import (
     MAX_REPETITION_WINDOW, GraphEngine, bucket_sizes, counter_uniforms, pick_bucket)
 from chattts_runtime.engines.reference import ReferenceEngine
-
-TEXTS = ["hello", "hello world, this is a longer sentence", "hi", "one two three four five six seven",
-         "你好世界", "a", "the quick brown fox jumps over the lazy dog", "12345 67890"]
-
-
-class Recorder:
-    def __init__(self):
-        self.waits: list[float] = []
-        self.batches: list[int] = []
-
-    def on_scheduled(self, request, wait_seconds):
-        self.waits.append(wait_seconds)
-
-    def on_step(self, batch_size):
-        self.batches.append(batch_size)
-
-
-def request(model, i, text, params):
-    prompt = model.tokenizer.build(text, with_speaker=True)
-    return SynthesisRequest(f"r{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
-
-
-async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, **engine_kw):
-    rec = Recorder()
-    engine = engine_cls(model, observer=rec, **engine_kw)
-    await engine.start()
-
-    async def one(i, text):
-        await asyncio.sleep(stagger * i)
-        frames, chunks, reason = [], [], None
-        async for chunk in engine.submit(request(model, i, text, params)):
-            chunks.append(len(chunk.codes))
-            frames.extend(chunk.codes.tolist())
-            reason = chunk.finish_reason
-        return frames, chunks, reason
-
-    try:
-        if concurrent:
-            results = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
-        else:
-            results = [await one(i, t) for i, t in enumerate(texts)]
-    finally:
-        await engine.stop()
-    return results, rec
-
+from rt_helpers import TEXTS, Recorder, request, run_all
 
 def test_buckets():
     assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]

@@ -13,12 +13,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from test_graph_engine import TEXTS, Recorder, request, run_all
 
 from chattts_runtime.audio_io import StreamingDecoder, StreamWindows
 from chattts_runtime.engines.base import EngineError, SamplingParams
 from chattts_runtime.engines.graph import GraphEngine
 from chattts_runtime.engines.reference import ReferenceEngine
+from rt_helpers import TEXTS, Recorder, request, run_all
 
 
 @pytest.mark.parametrize("short_only", [True, False])

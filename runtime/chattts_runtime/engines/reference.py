@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from chattts_runtime.engines.base import (
-    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SamplingParams,
+    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull,
     SchedulerObserver, SynthesisRequest, stream_chunks)
 from chattts_runtime.engines.kvcache import BatchKVCache
 
