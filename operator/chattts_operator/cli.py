@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from chattts_operator.settings import OperatorSettings, SettingsError
+from chattts_operator.core.settings import OperatorSettings, SettingsError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from bench.operator_scale.operatorproc import OperatorProcess
-from chattts_operator.reconcile import desired_state, parse_spec
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.deployment.spec import desired_state, parse_spec
+from chattts_operator.core.settings import OperatorSettings
 from tests.cluster.test_operator_crd import install_crds
 
 pytestmark = pytest.mark.slow  # minutes each on two cores

@@ -25,9 +25,9 @@ import yaml
 from kopf.testing import KopfRunner
 
 import localcluster
-from chattts_operator.handlers import sharepolicy as sharepolicy_handlers
-from chattts_operator.scheduling import clock
-from chattts_operator.scheduling.resources import parse_quantity
+from chattts_operator.sharepolicy import controller as sharepolicy_handlers
+from chattts_operator.core import clock
+from chattts_operator.api.common import parse_live_quantity as parse_quantity
 from tests.cluster.test_operator_crd import install_crds
 
 REPO = Path(__file__).resolve().parents[2]

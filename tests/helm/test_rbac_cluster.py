@@ -98,7 +98,7 @@ def operator_running_as(identity: Identity, monkeypatch, expect_clean_exit: bool
     import kubernetes_asyncio.config.kube_config
     from kopf.testing import KopfRunner
 
-    import chattts_operator.handlers.sharepolicy as sharepolicy_handlers
+    import chattts_operator.sharepolicy.controller as sharepolicy_handlers
 
     # Both clients read KUBECONFIG once, at import; point them (and kopf's login) at the token.
     monkeypatch.setenv("KUBECONFIG", str(identity.kubeconfig))

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling.metrics import MetricError, query_prometheus
-from chattts_operator.handlers.autoscaling import Autoscaler
+from chattts_operator.autoscaling.signals import MetricError, query_prometheus
+from chattts_operator.autoscaling.controller import Autoscaler
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [

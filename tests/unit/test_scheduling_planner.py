@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from chattts_operator.api.sharepolicy import GPUSharePolicySpec
-from chattts_operator.scheduling.planner import OfflineMember, OnlineMember, PoolNode, plan
+from chattts_operator.sharepolicy.planner import OfflineMember, OnlineMember, PoolNode, plan
 
 UTC = timezone.utc
 DAYTIME = datetime(2026, 6, 1, 12, tzinfo=UTC)  # a Monday

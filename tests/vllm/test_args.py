@@ -128,7 +128,7 @@ EXAMPLES = list(_example_specs())
 
 @pytest.mark.parametrize("name,spec", EXAMPLES, ids=[n for n, _ in EXAMPLES])
 def test_operator_rendered_config_is_accepted_by_vllm(tmp_path, layout, name, spec):
-    from chattts_operator.builders import runtime_config
+    from chattts_operator.deployment.children import runtime_config
 
     # Exactly what a pod reads: the ConfigMap's YAML, through the runtime's loader.
     path = tmp_path / "runtime.yaml"

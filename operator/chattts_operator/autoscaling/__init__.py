@@ -1,7 +1,7 @@
 """Autoscaling on scheduler_deadline_wait: the pure decision and the metric readers.
 
 ``decide`` is pure (no I/O, time passed in); the readers in ``metrics`` do the I/O and
-the kopf handler in ``chattts_operator.handlers.autoscaling`` wires them together.
+the kopf handler in ``chattts_operator.autoscaling.controller`` wires them together.
 """
 from chattts_operator.autoscaling.decision import (
     Decision,

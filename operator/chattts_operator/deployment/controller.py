@@ -15,42 +15,33 @@ for the same object become one follow-up run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from chattts_operator import metrics
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
-from chattts_operator.api.quantization import QuantizationPlan, job_selector, plan_quantization
 from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
-from chattts_operator.gpu import GpuAssignmentError, assign_gpu, node_affinity
-from chattts_operator.kube import Kube, NodeGpuCache, is_newer
-from chattts_operator.reconcile import (
-    InvalidSpec,
-    Observed,
-    compute_status,
-    desired_state,
-    merge_conditions,
-    needs_apply,
-    parse_spec,
-    status_changed,
-    transitions,
-)
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.core import metrics
+from chattts_operator.core.clock import rfc3339
+from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
+from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_newer
+from chattts_operator.core.labels import MANAGED_SELECTOR
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.core.watch import ListWatch
+from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu, node_affinity
+from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
+from chattts_operator.deployment.spec import InvalidSpec, desired_state, needs_apply, parse_spec
+from chattts_operator.deployment.status import Observed, compute_status, status_changed, transitions
 
 log = logging.getLogger("chattts_operator")
 
 Key = tuple[str, str]  # (namespace, name)
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -63,7 +54,7 @@ class _Slot:
     deployment_gone: bool = False
 
 
-class Controller:
+class DeploymentController:
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         self.kube = kube
         self.settings = settings
@@ -72,6 +63,62 @@ class Controller:
         self.blocked: set[Key] = set()
         self._slots: dict[Key, _Slot] = {}
         self.last_resync: float | None = None
+        self.started_at = time.time()
+        self._tasks: list[asyncio.Task] = []
+        self._pending: set[asyncio.Task] = set()  # reconciles started by Deployment events
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, namespaces: tuple[str, ...]) -> None:
+        """The resync loop (a task, not a kopf timer: kopf timers need a finalizer on every
+        object, and we want none: owner references collect the children), and a list+watch
+        of the Deployments we manage per watched namespace (core/watch.py: a server-side
+        label selector, not kopf's client-side one)."""
+        self.started_at = time.time()
+        self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
+        paths = [collection_path("Deployment", ns) for ns in namespaces] or [collection_path("Deployment")]
+        for path in paths:
+            watch = ListWatch(self.kube, path, MANAGED_SELECTOR, self._deployment_event)
+            self._tasks.append(asyncio.create_task(watch.run_forever(), name=f"chattts-watch {path}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def probe(self) -> float:
+        """Seconds since the last full resync pass; raises (the liveness endpoint answers 500)
+        when a loop has died or the resync is more than three intervals late."""
+        for task in self._tasks:
+            if task.done():
+                raise RuntimeError(f"the task {task.get_name()!r} has stopped")
+        age = time.time() - (self.last_resync or self.started_at)
+        if age > 3 * self.settings.resync_interval_seconds + 60:
+            raise RuntimeError(f"no resync pass for {age:.0f}s")
+        return round(age, 1)
+
+    async def _deployment_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Reconcile the owner of a changed Deployment in its own task (the watch keeps
+        reading); reconcile_key collapses bursts for one object into one run."""
+        key = owner_key(obj)
+        if key is None or kind == "LISTED":
+            return  # listed Deployments are covered by the resume of their owners
+        task = asyncio.create_task(self._reconcile_owner(key, kind, obj))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _reconcile_owner(self, key: Key, kind: str, obj: dict[str, Any]) -> None:
+        deleted = kind == "DELETED"
+        try:
+            await self.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
+                                     live_deployment=None if deleted else obj, deployment_deleted=deleted)
+        except ApiException as err:
+            log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
+                        *key, err.status, err.reason)
+        except Exception:  # noqa: BLE001 - never lose the watch over one object
+            log.exception("reconcile of %s/%s after a Deployment event failed", *key)
 
     # --- bookkeeping from the watch ---------------------------------------------------------
 
@@ -219,10 +266,10 @@ class Controller:
             self.blocked.discard(key)
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
 
-        status = compute_status(desired, observed, previous_status, now_rfc3339())
+        status = compute_status(desired, observed, previous_status, rfc3339())
         if quantization is not None and quantization.condition is not None:
             status["conditions"] = status["conditions"] + merge_conditions(
-                previous_status.get("conditions") or [], [quantization.condition], now_rfc3339())
+                previous_status.get("conditions") or [], [quantization.condition], rfc3339())
             status["quantization"] = quantization.status
         elif previous_status.get("quantization") is not None:
             status["quantization"] = None
@@ -292,39 +339,17 @@ class Controller:
 
     async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
         gen = int(body["metadata"].get("generation") or 1)
-        cond = {"type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": message,
-                "observedGeneration": gen}
-        kept = [c for c in previous.get("conditions") or [] if c.get("type") != "Degraded"]
-        conditions = merge_conditions(previous.get("conditions") or [], [cond], now_rfc3339())
+        invalid = condition("Degraded", True, "InvalidSpec", message, generation=gen)
         status = {"observedGeneration": gen, "phase": "Invalid",
-                  "conditions": kept + conditions}
+                  "conditions": replace_condition(previous.get("conditions"), invalid, rfc3339())}
         if status_changed(status, previous):
             await self._patch_status(body, status)
             await self._post_event(body, "Warning", "InvalidSpec", message)
 
     async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
-        meta = body["metadata"]
-        stamp = now_rfc3339()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta.get("uid")},
-            "reason": reason[:128],
-            "message": message[:1024],
-            "type": event_type,
-            "source": {"component": "chattts-operator"},
-            "reportingComponent": "chattts-operator",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.kube.create_event(meta["namespace"], event)
-        except ApiException as err:
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err.reason)
+        involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
+        await self.kube.post_event(involved, event_type, reason, message)
 
 
 def _api_message(err: ApiException) -> str:

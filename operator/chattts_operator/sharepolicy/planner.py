@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Iterable, Literal, Sequence
 
 from chattts_operator.api.sharepolicy import GPUSharePolicySpec, Shares
-from chattts_operator.scheduling.windows import resolve
+from chattts_operator.sharepolicy.windows import resolve
 
 ONLINE_KIND = "ChatTTSDeployment"
 OFFLINE_KIND = "Job"

@@ -1,6 +1,7 @@
-"""The autoscaler loop: scale ChatTTSDeployments whose ``spec.autoscaling.enabled`` is true.
+"""The autoscaling controller: scale ChatTTSDeployments whose ``spec.autoscaling.enabled`` is true.
 
-Every ``CHATTTS_AUTOSCALER_INTERVAL_SECONDS`` (default 15, the HPA's sync period), for each
+Every ``settings.autoscaler.interval_seconds`` (CHATTTS_AUTOSCALER_INTERVAL_SECONDS, default
+15, the HPA's sync period), for each
 autoscaled object: read the metric (each Ready pod's /metrics, or a Prometheus query),
 decide with the pure ``decide``, write ``spec.replicas`` through the scale subresource
 (field manager ``chattts-autoscaler``: ``kubectl get --show-managed-fields`` tells who set
@@ -15,7 +16,8 @@ but pods and metrics. Nothing blocks the event loop: kubernetes_asyncio and aioh
 Per-object memory: the pods' recent scrapes and fleet samples. The decision history
 also lives in status, so a restarted operator keeps its stabilization windows.
 
-For tests and development only: with ``CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION=1`` a
+For tests and development only: with ``settings.autoscaler.metrics_url_annotation``
+(CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION=1) a
 pod annotation ``tts.chattts.io/metrics-url`` overrides the pod's metrics address (the
 cluster tests map kwok pods to runtime processes on loopback this way). Off by default:
 anyone who may annotate pods could otherwise point the operator at any URL.
@@ -26,18 +28,15 @@ import asyncio
 import contextlib
 import copy
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-
-from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration, format_time
-from chattts_operator.api.chattts import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration
+from chattts_operator.api.chattts import API_VERSION, KIND
 from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
-from chattts_operator.autoscaling import Decision, FleetSample, History, decide
-from chattts_operator.autoscaling.metrics import (
+from chattts_operator.autoscaling.decision import Decision, FleetSample, History, decide
+from chattts_operator.autoscaling.signals import (
     MetricError,
     PodScrape,
     fleet_sample,
@@ -47,26 +46,17 @@ from chattts_operator.autoscaling.metrics import (
 )
 from chattts_operator.autoscaling.status import history_from_status, next_status, status_patch, worth_writing
 from chattts_operator.autoscaling.tuning import TuningDecision, tune_batch_tokens
-from chattts_operator.builders import deployment_name, selector_labels
-from chattts_operator.gpu import GpuAssignmentError, assign_gpu
-from chattts_operator.kube import Kube, is_newer, make_api_client, object_path
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.core.kube import Kube, is_newer
+from chattts_operator.core.labels import AUTOSCALER_FIELD_MANAGER, METRICS_URL_ANNOTATION, selector_string
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.children import deployment_name
+from chattts_operator.deployment.controller import DeploymentController
+from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu
+from chattts_operator.deployment.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory
+from chattts_operator.deployment.spec import InvalidSpec, parse_spec
 
-FIELD_MANAGER = "chattts-autoscaler"
-METRICS_URL_ANNOTATION = "tts.chattts.io/metrics-url"
 DEFAULT_MAX_NUM_SEQS = 64  # the engine's default (api.chattts.EngineSpec.max_num_seqs)
 log = logging.getLogger("chattts_operator.autoscaler")
-
-
-def _env_interval() -> float:
-    text = os.environ.get("CHATTTS_AUTOSCALER_INTERVAL_SECONDS", "15")
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"CHATTTS_AUTOSCALER_INTERVAL_SECONDS must be a positive number, got {text!r}")
-    return value
 
 
 def autoscaling_enabled(body: dict) -> bool:
@@ -122,20 +112,43 @@ class _ObjectState:
 class Autoscaler:
     """Holds the autoscaled objects seen by the watch and evaluates them every interval."""
 
-    def __init__(self, kube: Kube, interval: float, allow_url_annotation: bool = False,
-                 concurrency: int = 16, controller: Any = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, deployments: DeploymentController | None = None) -> None:
         self.kube = kube
-        # The core's Controller (handlers/chattts.py), to roll out a tuned engine setting at
-        # once rather than at its next resync; None when it is not running.
-        self.controller = controller
-        self.interval = interval
-        self.allow_url_annotation = allow_url_annotation
+        self.settings = settings
+        # The deployment controller, to roll out a tuned engine setting at once rather than at
+        # its next resync; None when it is not running.
+        self.deployments = deployments
+        self.interval = settings.autoscaler.interval_seconds
+        self.allow_url_annotation = settings.autoscaler.metrics_url_annotation
         self.bodies: dict[tuple[str, str], dict] = {}
         self.states: dict[str, _ObjectState] = {}
         self.last_pass: float | None = None
-        self.settings = OperatorSettings.from_env()
-        self._limit = asyncio.Semaphore(concurrency)
+        self._limit = asyncio.Semaphore(settings.autoscaler.concurrency)
         self._http = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run_forever(), name="chattts-autoscaler")
+        if self.allow_url_annotation:
+            log.warning("the %s pod annotation is honoured: for tests only", METRICS_URL_ANNOTATION)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.close()
+
+    def probe(self) -> float | None:
+        """Seconds since the last pass; raises when the loop died or is far behind."""
+        if self._task is not None and self._task.done():
+            raise RuntimeError("the autoscaler loop has stopped")
+        if self.last_pass is None:
+            return None
+        age = time.time() - self.last_pass
+        if age > 3 * self.interval + 60:
+            raise RuntimeError(f"no autoscaler pass for {age:.0f}s")
+        return round(age, 1)
 
     def observe(self, body: dict, deleted: bool) -> None:
         meta = body.get("metadata") or {}
@@ -181,10 +194,8 @@ class Autoscaler:
 
     async def _pods_sample(self, state: _ObjectState, name: str, namespace: str, spec: AutoscalingSpec,
                            slots: float, now: float) -> FleetSample | None:
-        selector = ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
-        data = await self.kube._call("GET", f"/api/v1/namespaces/{namespace}/pods",
-                                     query=[("labelSelector", selector)])
-        urls = pod_metrics_urls(list(data.get("items") or []), spec, self.allow_url_annotation)
+        pods = await self.kube.list("Pod", namespace, selector_string(name))
+        urls = pod_metrics_urls(pods, spec, self.allow_url_annotation)
         scrapes, errors = await scrape_pods(await self._session(), urls, spec.metrics.pods.timeout_seconds, now)
         for pod, scrape in scrapes.items():
             state.scrapes.setdefault(pod, []).append(scrape)
@@ -276,11 +287,11 @@ class Autoscaler:
             log.info("%s/%s: batch-token tuning %s: %s", namespace, name, tuning.reason, tuning.message)
             await self._post_event(body, current, decision, reason=f"BatchTokens{tuning.reason}",
                                    message=tuning.message)
-            if self.controller is not None and isinstance(updated, dict) and updated.get("metadata"):
+            if self.deployments is not None and isinstance(updated, dict) and updated.get("metadata"):
                 # Hand the controller the object with the new tuned value, then roll it out now
                 # rather than at its next resync.
-                self.controller.observe(copy.deepcopy(updated))
-                await self.controller.reconcile_key((namespace, name), "batch-token-tuning")
+                self.deployments.observe(copy.deepcopy(updated))
+                await self.deployments.reconcile_key((namespace, name), "batch-token-tuning")
         return decision
 
     def _tune(self, body: dict, auto: AutoscalingSpec, previous: AutoscalingStatus | None,
@@ -289,9 +300,6 @@ class Autoscaler:
         state = previous.batch_token_tuning if previous is not None else None
         if not auto.batch_token_tuning.enabled and (state is None or state.max_num_batched_tokens is None):
             return None
-        from chattts_operator.planner import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory  # noqa: PLC0415
-        from chattts_operator.reconcile import InvalidSpec, parse_spec  # noqa: PLC0415
-
         try:
             spec = parse_spec(body)
             gpu = assign_gpu(spec.gpu, self.settings)
@@ -319,14 +327,8 @@ class Autoscaler:
 
     async def _scale(self, namespace: str, name: str, replicas: int) -> str | None:
         try:
-            self.kube.writes += 1
-            await self.kube._call(
-                "PATCH", object_path(KIND, namespace, name, "scale"),
-                body={"spec": {"replicas": replicas}},
-                query=[("fieldManager", FIELD_MANAGER)],
-                content_type="application/merge-patch+json",
-            )
-        except Exception as err:  # reported in status (AbleToScale=False), retried next pass
+            await self.kube.scale(KIND, namespace, name, replicas, field_manager=AUTOSCALER_FIELD_MANAGER)
+        except Exception as err:  # noqa: BLE001 - reported in status (AbleToScale=False), retried next pass
             message = f"{type(err).__name__}: {getattr(err, 'status', '')} {getattr(err, 'reason', err)}".strip()
             log.warning("%s/%s: scale to %d failed: %s", namespace, name, replicas, message)
             return message
@@ -334,76 +336,9 @@ class Autoscaler:
 
     async def _post_event(self, body: dict, current: int, decision: Decision, *,
                           reason: str | None = None, message: str | None = None) -> None:
-        meta = body["metadata"]
-        stamp = format_time(time.time())
         metric = format_duration(decision.metric_value) if decision.metric_value is not None else "n/a"
         if reason is None:
             reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
             message = f"{current} -> {decision.desired_replicas} replicas (wait {metric}): {decision.message}"
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}-autoscaler-", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta.get("uid")},
-            "reason": reason,
-            "message": (message or "")[:1024],
-            "type": "Normal",
-            "source": {"component": FIELD_MANAGER},
-            "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.kube.create_event(meta["namespace"], event)
-        except Exception as err:  # an Event is a courtesy; never fail the decision on it
-            log.warning("could not post autoscaler event on %s/%s: %s", meta["namespace"], meta["name"], err)
-
-
-@kopf.on.startup()
-async def start_autoscaler(memo: kopf.Memo, **_: Any) -> None:
-    allow = os.environ.get("CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION", "") in ("1", "true", "yes")
-    autoscaler = Autoscaler(Kube(await make_api_client()), _env_interval(), allow_url_annotation=allow,
-                            controller=getattr(memo, "controller", None))
-    memo.autoscaler = autoscaler
-    memo.autoscaler_task = asyncio.create_task(autoscaler.run_forever(), name="chattts-autoscaler")
-    if allow:
-        log.warning("the %s pod annotation is honoured: for tests only", METRICS_URL_ANNOTATION)
-
-
-@kopf.on.cleanup()
-async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "autoscaler_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
-    if autoscaler is not None:
-        await autoscaler.close()
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def autoscaler_track(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    obj = event.get("object")
-    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
-    if autoscaler is not None and isinstance(obj, dict) and obj.get("metadata"):
-        autoscaler.observe(copy.deepcopy(dict(obj)), deleted=event.get("type") == "DELETED")
-
-
-@kopf.on.probe(id="autoscaler")
-def autoscaler_probe(memo: kopf.Memo, **_: Any) -> float | None:
-    """Seconds since the last autoscaler pass; fails when the loop died or is far behind."""
-    autoscaler: Autoscaler | None = getattr(memo, "autoscaler", None)
-    if autoscaler is None:
-        return None
-    task = getattr(memo, "autoscaler_task", None)
-    if task is not None and task.done():
-        raise RuntimeError("the autoscaler loop has stopped")
-    if autoscaler.last_pass is None:
-        return None
-    age = time.time() - autoscaler.last_pass
-    if age > 3 * autoscaler.interval + 60:
-        raise RuntimeError(f"no autoscaler pass for {age:.0f}s")
-    return round(age, 1)
+        involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
+        await self.kube.post_event(involved, "Normal", reason, message or "", component=AUTOSCALER_FIELD_MANAGER)

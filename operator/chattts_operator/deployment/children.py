@@ -23,12 +23,14 @@ from chattts_runtime.config import (
 )
 
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec
-from chattts_operator.gpu import GpuAssignment, node_affinity
-from chattts_operator.settings import OperatorSettings
-
-ANNOTATION_PREFIX = "chattts.io"
-INTENT_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/intent-hash"
-CONFIG_HASH_ANNOTATION = f"{ANNOTATION_PREFIX}/config-hash"
+from chattts_operator.core.labels import (
+    CONFIG_HASH_ANNOTATION,
+    INTENT_HASH_ANNOTATION,
+    child_labels,
+    selector_labels,
+)
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.gpu import GpuAssignment, node_affinity
 
 MODEL_MOUNT_PATH = "/models/chattts"
 CONFIG_DIR = CONFIG_PATH.rsplit("/", 1)[0]
@@ -41,26 +43,6 @@ CONTAINER_NAME = "runtime"
 # before the runtime stops accepting requests.
 PRE_STOP_SLEEP_SECONDS = 5
 SCRATCH_SIZE = "2Gi"
-
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
-MANAGED_BY = "chattts-operator"
-
-
-def selector_labels(name: str) -> dict[str, str]:
-    return {LABEL_NAME: "chattts", LABEL_INSTANCE: name, LABEL_COMPONENT: "tts-server"}
-
-
-def child_labels(name: str) -> dict[str, str]:
-    return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY, LABEL_PART_OF: "chattts"}
-
-
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
-
 
 def deployment_name(name: str) -> str:
     return name

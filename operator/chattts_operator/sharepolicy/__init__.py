@@ -1,7 +1,7 @@
 """Pure scheduling logic for GPUSharePolicy: windows (time -> shares) and the planner
 (policy, members, nodes, now -> caps, suspends, resumes). No I/O here; the kopf handler
-in ``chattts_operator.handlers.sharepolicy`` reads the cluster and applies plans."""
-from chattts_operator.scheduling.planner import (  # noqa: F401
+in ``chattts_operator.sharepolicy.controller`` reads the cluster and applies plans."""
+from chattts_operator.sharepolicy.planner import (  # noqa: F401
     Action,
     OfflineMember,
     OnlineMember,
@@ -9,4 +9,4 @@ from chattts_operator.scheduling.planner import (  # noqa: F401
     PoolNode,
     plan,
 )
-from chattts_operator.scheduling.windows import Resolution, resolve  # noqa: F401
+from chattts_operator.sharepolicy.windows import Resolution, resolve  # noqa: F401

@@ -7,16 +7,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, REPLICA_CAP_ANNOTATION, LabelSelector
-from chattts_operator.scheduling.planner import OfflineMember, OnlineMember, PoolNode
-from chattts_operator.scheduling.resources import (
-    bytes_to_mib,
-    container_gpu_memory_mib,
-    node_gpu_memory_mib,
-    node_is_usable,
-    per_gpu_memory_mib,
-    pod_spec_gpu_memory_mib,
-    selector_matches,
-)
+from chattts_operator.sharepolicy.planner import OfflineMember, OnlineMember, PoolNode
+from chattts_operator.api.common import bytes_to_mib
+from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, GpuCodec
+from chattts_operator.sharepolicy.resources import node_is_usable, selector_matches
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -25,20 +19,20 @@ class MemberError(ValueError):
     """A member object the planner cannot size; reported in the policy's status."""
 
 
-def pool_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[PoolNode]:
+def pool_nodes(nodes: Iterable[Mapping[str, Any]], gpu: GpuCodec = DEFAULT_GPU_CODEC) -> list[PoolNode]:
     """Nodes with GPU memory; usable ones (Ready, schedulable) count in the pool."""
     pool = []
     for node in nodes:
-        mib = node_gpu_memory_mib(node)
+        mib = gpu.node_memory_mib(node)
         if mib > 0:
             pool.append(PoolNode(node["metadata"]["name"], mib, node_is_usable(node)))
     return sorted(pool, key=lambda n: n.name)
 
 
-def largest_gpu_mib(nodes: Iterable[Mapping[str, Any]]) -> int:
+def largest_gpu_mib(nodes: Iterable[Mapping[str, Any]], gpu: GpuCodec = DEFAULT_GPU_CODEC) -> int:
     """Per-GPU memory of the pool's biggest GPU: what a whole-GPU request is counted as
     (the larger guess never under-counts what a member holds)."""
-    return max((per_gpu_memory_mib(n) for n in nodes), default=0)
+    return max((gpu.per_gpu_memory_mib(n) for n in nodes), default=0)
 
 
 def live_pods(pods: Iterable[Mapping[str, Any]]) -> int:
@@ -61,6 +55,7 @@ def online_member(
     pods: Sequence[Mapping[str, Any]],
     per_gpu_mib: int,
     deployment: Mapping[str, Any] | None = None,
+    codec: GpuCodec = DEFAULT_GPU_CODEC,
 ) -> OnlineMember:
     """A ChatTTSDeployment as an online member.
 
@@ -76,7 +71,7 @@ def online_member(
     spec = ctd.get("spec") or {}
     gpu = spec.get("gpu") or {}
     limits = ((ctd.get("status") or {}).get("gpu") or {}).get("limits") or {}
-    per_replica = container_gpu_memory_mib({"limits": limits}, per_gpu_mib) if limits else 0
+    per_replica = codec.container_memory_mib({"limits": limits}, per_gpu_mib) if limits else 0
     if per_replica <= 0:
         try:
             per_replica = bytes_to_mib(gpu.get("memory")) * int(gpu.get("count", 1))
@@ -115,13 +110,14 @@ def job_finished(job: Mapping[str, Any]) -> bool:
     return False
 
 
-def offline_member(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per_gpu_mib: int) -> OfflineMember:
+def offline_member(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per_gpu_mib: int,
+                   codec: GpuCodec = DEFAULT_GPU_CODEC) -> OfflineMember:
     """A batch/v1 Job as an offline member: its pod template's GPU memory x the pods it
     runs at once (parallelism, no more than the completions still to go)."""
     meta = job["metadata"]
     spec = job.get("spec") or {}
     status = job.get("status") or {}
-    per_pod = pod_spec_gpu_memory_mib((spec.get("template") or {}).get("spec"), per_gpu_mib)
+    per_pod = codec.pod_spec_memory_mib((spec.get("template") or {}).get("spec"), per_gpu_mib)
     parallelism = int(spec.get("parallelism", 1))
     completions = spec.get("completions")
     if completions is not None:

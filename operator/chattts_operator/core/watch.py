@@ -18,9 +18,9 @@ from typing import Any, Awaitable, Callable
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from chattts_operator.kube import Kube
+from chattts_operator.core.kube import Kube
 
-log = logging.getLogger("chattts_operator.watch")
+log = logging.getLogger("chattts_operator.core.watch")
 
 EventHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
 WATCH_TIMEOUT_SECONDS = 290  # the server ends a watch after this; we simply continue from the last version
@@ -37,7 +37,6 @@ class ListWatch:
         self.selector = label_selector
         self.on_event = on_event
         self.healthy = False
-        self.restarts = 0
 
     async def run_forever(self) -> None:
         backoff = 1.0
@@ -54,7 +53,6 @@ class ListWatch:
                 raise
             except Exception as err:  # noqa: BLE001 - a watch must survive any hiccup
                 self.healthy = False
-                self.restarts += 1
                 log.warning("watch of %s failed (%s: %s); retrying in %.0fs", self.path, type(err).__name__, err,
                             backoff)
                 await asyncio.sleep(backoff)
@@ -62,7 +60,7 @@ class ListWatch:
                 resource_version = None
 
     async def _list(self) -> str:
-        data = await self.kube._call("GET", self.path, query=[("labelSelector", self.selector)])
+        data = await self.kube.list_path(self.path, self.selector)
         for item in data.get("items") or []:
             await self.on_event("LISTED", item)
         self.healthy = True
@@ -77,11 +75,7 @@ class ListWatch:
             ("timeoutSeconds", str(WATCH_TIMEOUT_SECONDS)),
         ]
         try:
-            response = await self.kube.api.call_api(
-                self.path, "GET", query_params=query, header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=WATCH_TIMEOUT_SECONDS + 30,
-            )
+            response = await self.kube.open_watch(self.path, query, WATCH_TIMEOUT_SECONDS + 30)
         except ApiException as err:
             if err.status == 410:
                 raise Gone() from err

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from chattts_operator.api.sharepolicy import MAX_ACTIONS_KEPT, MAX_MEMBERS_LISTED
-from chattts_operator.scheduling.planner import OFFLINE_KIND, ONLINE_KIND, Action, OfflineMember, OnlineMember, Plan
+from chattts_operator.sharepolicy.planner import OFFLINE_KIND, ONLINE_KIND, Action, OfflineMember, OnlineMember, Plan
 
 _EVENT_REASONS = {"Suspend": "Suspended", "Resume": "Resumed", "ScaleDown": "ScaledDown", "ScaleUp": "ScaledUp"}
 

@@ -1,4 +1,4 @@
-"""The operator's clock for scheduling decisions, replaceable by tests.
+"""The operator's clock, replaceable by tests; RFC 3339 stamps for status and Events.
 
 Window changes depend on wall-clock time; tests compress a day into minutes by
 installing their own clock (``set_clock``) before the operator starts, instead of
@@ -31,6 +31,11 @@ def now() -> datetime:
     if value.tzinfo is None:
         raise ValueError("the installed clock returned a naive datetime; return an aware one (UTC)")
     return value.astimezone(timezone.utc)
+
+
+def rfc3339(instant: datetime | None = None) -> str:
+    """``instant`` (default: the system's now) as the API's timestamp, to the second."""
+    return (instant or system_clock()).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ManualClock:
