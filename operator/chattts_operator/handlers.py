@@ -55,7 +55,7 @@ async def member_job_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> 
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_changed(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+async def node_changed(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.app.share_policies.node_changed(type, name, dict(body))
 
 

@@ -97,7 +97,7 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                concurrency: int, summary: Summary) -> None:
     from chattts_runtime.metrics import RuntimeMetrics  # noqa: PLC0415
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
-    from chattts_runtime.server import create_engine, resolve_device, resolve_dtype  # noqa: PLC0415
+    from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype  # noqa: PLC0415
     from chattts_runtime.service import APIError, SpeechRequest, SpeechService  # noqa: PLC0415
 
     device = resolve_device(config)

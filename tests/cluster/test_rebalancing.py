@@ -9,13 +9,11 @@ all along and checks that what the members ask never exceeds the pool.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

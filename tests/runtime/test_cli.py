@@ -135,7 +135,7 @@ def test_awq_quantize_load_generate_small_error(tmp_path, tiny_checkpoint, tiny_
 
     from awq.utils.packing_utils import dequantize_gemm as awq_dequantize
 
-    from chattts_runtime.quantize import dequantize_gemm
+    from chattts_runtime.model.awq import dequantize_gemm
 
     p = "layers.1.mlp.down_proj"
     ours = dequantize_gemm(body[p + ".qweight"], body[p + ".qzeros"], body[p + ".scales"], 4, 32)

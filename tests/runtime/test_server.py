@@ -6,7 +6,6 @@ import concurrent.futures
 import io
 import json
 import signal
-import struct
 import wave
 
 import httpx

@@ -3,7 +3,7 @@ the GPU memory asked by members never exceeds the pool at any step."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -6,7 +6,6 @@ from pydantic import ValidationError
 
 from chattts_operator.api.quantization import QuantizationSpec
 from chattts_operator.deployment.quantization import (
-    build_quantization_job,
     job_name,
     job_state,
     plan_quantization,

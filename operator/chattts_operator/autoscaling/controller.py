@@ -30,7 +30,6 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration
 from chattts_operator.api.chattts import API_VERSION, KIND

@@ -50,7 +50,7 @@ def parse_pod_metrics(text: str, time: float) -> PodScrape:
     gauges: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(text))
-    except Exception as err:  # the parser raises ValueError and others on bad input
+    except Exception as err:  # noqa: BLE001 - the parser raises ValueError and others on bad input
         raise MetricError(f"unparsable metrics: {err}") from None
     for family in families:
         for s in family.samples:

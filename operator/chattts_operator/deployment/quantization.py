@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from chattts_operator.api.quantization import ConfigMapFile, PvcDirectory, PvcFile, QuantizationSpec
+from chattts_operator.api.quantization import PvcDirectory, QuantizationSpec
 from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, OFFLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
 from chattts_operator.core.conditions import condition
 

@@ -207,7 +207,7 @@ def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
     if isinstance(desired, list):
         if not isinstance(live, list) or len(desired) != len(live):
             return False
-        return all(is_subset(d, l, path) for d, l in zip(desired, live))
+        return all(is_subset(want, have, path) for want, have in zip(desired, live))
     if desired == live:
         return True
     # The API server writes quantities in canonical form ("0.5" -> "500m").

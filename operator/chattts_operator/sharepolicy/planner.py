@@ -25,7 +25,7 @@ the pool at every step; if it is not (a node left), the plan only releases.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Literal, Sequence
 
@@ -314,13 +314,3 @@ def plan(
         asked_offline_mib=offline_after,
         deferred=deferred,
     )
-
-
-def apply_plan_to_members(
-    plan_: Plan, online: Sequence[OnlineMember], offline: Sequence[OfflineMember]
-) -> tuple[list[OnlineMember], list[OfflineMember]]:
-    """The members as they look once the plan's writes are done (pods not yet changed):
-    used by simulations and tests to step the world forward."""
-    new_online = [replace(m, current_cap=plan_.caps[m.key]) for m in online]
-    new_offline = [replace(j, suspended=not plan_.job_running.get(j.key, not j.suspended)) for j in offline]
-    return new_online, new_offline

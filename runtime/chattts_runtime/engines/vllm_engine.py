@@ -199,7 +199,7 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model, observer: SchedulerObserver | None = None) -> "VLLMEngine":
-        """The speech server's constructor (``server.create_engine``)."""
+        """The speech server's constructor (``engines.factory.create_engine``)."""
         return cls(model, config, max_waiting=config.server.max_queue, observer=observer)
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ Pure Python: importing this module does not import torch.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,6 @@ class ModelSizes:
     def samples_per_frame(self) -> int:
         """Audio samples per GPT frame: each frame becomes 2 mel frames of ``hop_length``."""
         return 2 * self.vocos.hop_length
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
 def _only_known(cls: type, data: Any, where: str) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """Load a ChatTTS checkpoint directory (official layout) into :class:`ChatTTSModel`."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from torch import nn
 
 from chattts_runtime.model import config as layout
 from chattts_runtime.model.audio import MelDecoder, Vocos
+from chattts_runtime.model.awq import dequantize_awq_state, gpt_quantization
 from chattts_runtime.model.config import CheckpointError, ModelSizes, load_model_sizes
 from chattts_runtime.model.gpt import ChatTTSGPT
 from chattts_runtime.model.prompt import PromptTokenizer
@@ -49,12 +49,6 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], root: Path, rel
             raise CheckpointError(f"{root / rel}: {key} has shape {tuple(value.shape)}, "
                                   f"the configured model needs {tuple(expected[key].shape)}")
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
-
-
-def gpt_quantization(model_dir: Path) -> dict | None:
-    data = json.loads((model_dir / layout.GPT_CONFIG).read_text())
-    q = data.get("quantization_config")
-    return q if isinstance(q, dict) else None
 
 
 @dataclass
@@ -126,8 +120,6 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
     body_state = read_safetensors(root / layout.GPT_WEIGHTS)
     quant = gpt_quantization(root)
     if quant is not None:
-        from chattts_runtime.quantize import dequantize_awq_state  # noqa: PLC0415
-
         body_state = dequantize_awq_state(body_state, quant)
     load_into(gpt.llama, body_state, root, layout.GPT_WEIGHTS)
     gpt.embed.fuse_weight_norm()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chattts_runtime.engines.base import SamplingParams
+from chattts_runtime.model.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -168,7 +168,7 @@ class ChatTTSForAudioCodes(nn.Module):
         return torch.stack([head(hidden) for head in self.head_code], dim=1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        from chattts_runtime.engines.reference import sample_codes  # noqa: PLC0415
+        from chattts_runtime.model.sampling import sample_codes  # noqa: PLC0415
 
         lay = self.layout
         logits = self.code_logits(hidden_states)

@@ -1,6 +1,6 @@
 """The vLLM tier: vLLM's CPU build (``.venv-vllm``, hack/setup-vllm-venv.sh) with tiny checkpoints.
 
-Run: ``.venv-vllm/bin/python -m pytest tests/vllm``. An engine takes 20-100 s to start
+Run: ``.venv-vllm/bin/python -m pytest tests/vllm_engine``. An engine takes 20-100 s to start
 and ~3 GB of memory, so at most one is alive at a time: ``vllm_engine`` is module-scoped
 (one per test module) and the server module starts its own only after it is gone.
 Without vLLM the engine tests are skipped (the pure ones still run), unless
@@ -22,16 +22,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_CACHE / "inductor"))
 
 def _vllm_missing() -> str | None:
     """Why vLLM cannot be used here, or None."""
-    import sys
-
     try:
-        # Not a bare "import vllm": with tests/ on sys.path this very directory imports as a
-        # namespace package named vllm where the real one is missing.
         from vllm import ModelRegistry  # noqa: F401
     except ImportError as err:
-        module = sys.modules.get("vllm")
-        if module is not None and getattr(module, "__file__", None) is None:
-            del sys.modules["vllm"]  # do not leave the namespace stand-in behind for other tests
         return f"vLLM is not installed ({err}): run hack/setup-vllm-venv.sh and use .venv-vllm"
     return None
 
@@ -44,7 +37,7 @@ _WITHOUT_VLLM = {"test_layout.py", "test_frames.py"}
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))
-        if path.parent.name != "vllm" or path.parent.parent.name != "tests":
+        if path.parent.name != "vllm_engine" or path.parent.parent.name != "tests":
             continue
         item.add_marker(pytest.mark.vllm)
         if VLLM_MISSING and path.name not in _WITHOUT_VLLM:
