@@ -20,7 +20,8 @@ pytest.importorskip("torch", reason="the runtime tier needs torch (runtime extra
 httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
 
-from rt_helpers import REPO, RunningServer, free_port, merge, wait_ready  # noqa: E402
+from rt_helpers import REPO, RunningServer, merge, wait_ready  # noqa: E402
+from tests.support import free_port  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,12 +11,6 @@ import httpx
 from chattts_runtime.engines.base import SynthesisRequest
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def merge(base: dict, extra: dict) -> dict:

@@ -53,7 +53,7 @@ def test_missing_model_fails_before_serving(tmp_path):
 def test_broken_checkpoint_fails_start_up_with_exit_1(tmp_path, tiny_checkpoint):
     import shutil
 
-    from rt_helpers import free_port
+    from tests.support import free_port
 
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)

@@ -11,7 +11,9 @@ import wave
 import httpx
 import pytest
 
-from rt_helpers import REPO, RunningServer, free_port, speech, wait_ready
+from rt_helpers import REPO, RunningServer, speech, wait_ready
+
+from tests.support import free_port
 
 SAMPLES_PER_FRAME = 512
 

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,12 @@ import httpx
 import pytest
 import yaml
 
+from tests.support import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 FRAMES = 48
 PCM_BYTES = (2 * FRAMES - 1) * 256 * 2  # 2 mel frames per code frame, hop 256, 16-bit mono
 MAX_NUM_SEQS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -55,7 +50,7 @@ class Server:
 
 
 def _start(tmp: Path, checkpoint: Path, engine_kind: str, timeout: float) -> Server:
-    port = _free_port()
+    port = free_port()
     cfg = tmp / f"{engine_kind}.yaml"
     cfg.write_text(yaml.safe_dump({
         "model": {"path": str(checkpoint)}, "engine_kind": engine_kind, "device": "cpu",

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from chattts_operator.api.sharepolicy import MAX_ACTIONS_KEPT, MAX_MEMBERS_LISTED
+from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.sharepolicy.planner import OFFLINE_KIND, ONLINE_KIND, Action, OfflineMember, OnlineMember, Plan
 
 _EVENT_REASONS = {"Suspend": "Suspended", "Resume": "Resumed", "ScaleDown": "ScaledDown", "ScaleUp": "ScaledUp"}
@@ -53,13 +54,6 @@ def writes_for(plan: Plan, online: Sequence[OnlineMember], offline: Sequence[Off
     return releases + quiet + growth
 
 
-def _merge_condition(previous: Sequence[Mapping[str, Any]], new: dict[str, Any], now: str) -> dict[str, Any]:
-    old = next((c for c in previous if c.get("type") == new["type"]), None)
-    new = dict(new)
-    new["lastTransitionTime"] = old.get("lastTransitionTime", now) if old and old.get("status") == new["status"] else now
-    return new
-
-
 def policy_status(
     plan: Plan,
     online: Sequence[OnlineMember],
@@ -92,20 +86,12 @@ def policy_status(
                 "time": stamp, "action": write.action.action, "kind": write.kind,
                 "namespace": write.namespace, "name": write.name, "reason": write.reason,
             })
-    old_conditions = previous.get("conditions") or []
-    conditions = [
-        _merge_condition(old_conditions, {
-            "type": "Valid", "status": "False" if problems else "True",
-            "reason": "Problems" if problems else "Valid",
-            "message": "; ".join(problems), "observedGeneration": generation,
-        }, stamp),
-        _merge_condition(old_conditions, {
-            "type": "Balanced", "status": "True" if plan.settled else "False",
-            "reason": "Balanced" if plan.settled else "WaitingForRelease",
-            "message": "members hold their shares" if plan.settled else "; ".join(plan.deferred),
-            "observedGeneration": generation,
-        }, stamp),
-    ]
+    conditions = merge_conditions(previous.get("conditions"), [
+        condition("Valid", not problems, "Problems" if problems else "Valid", "; ".join(problems),
+                  generation=generation),
+        condition("Balanced", plan.settled, "Balanced" if plan.settled else "WaitingForRelease",
+                  "members hold their shares" if plan.settled else "; ".join(plan.deferred), generation=generation),
+    ], stamp)
     return {
         "observedGeneration": generation,
         "window": plan.window,
