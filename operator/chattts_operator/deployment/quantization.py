@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 from chattts_operator.api.quantization import PvcDirectory, QuantizationSpec
 from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, OFFLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
 from chattts_operator.core.conditions import condition
+from chattts_operator.core.labels import LABEL_COMPONENT, LABEL_INSTANCE, child_labels
 
 COMPONENT = "quantize"
 CONDITION_TYPE = "Quantized"
@@ -89,17 +90,11 @@ def resolve_source(q: QuantizationSpec, model: Mapping[str, Any]) -> PvcDirector
 
 def job_selector(ctd_name: str) -> str:
     """Label selector of a ChatTTSDeployment's quantization Jobs."""
-    return f"app.kubernetes.io/component={COMPONENT},app.kubernetes.io/instance={ctd_name}"
+    return f"{LABEL_COMPONENT}={COMPONENT},{LABEL_INSTANCE}={ctd_name}"
 
 
 def labels_for(ctd_name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "chattts",
-        "app.kubernetes.io/instance": ctd_name,
-        "app.kubernetes.io/component": COMPONENT,
-        "app.kubernetes.io/managed-by": "chattts-operator",
-        "app.kubernetes.io/part-of": "chattts",
-    }
+    return {**child_labels(ctd_name), LABEL_COMPONENT: COMPONENT}
 
 
 def build_quantization_job(

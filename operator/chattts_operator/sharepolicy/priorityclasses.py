@@ -10,8 +10,9 @@ from chattts_operator.api.sharepolicy import (
     ONLINE_PRIORITY_CLASS,
     ONLINE_PRIORITY_VALUE,
 )
+from chattts_operator.core.labels import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGED_BY
 
-_LABELS = {"app.kubernetes.io/managed-by": "chattts-operator", "app.kubernetes.io/part-of": "chattts"}
+_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_PART_OF: "chattts"}
 
 
 def priority_class_manifests() -> list[dict[str, Any]]:
