@@ -159,9 +159,9 @@ class Autoscaler:
             self.bodies[key] = body
 
     async def close(self) -> None:
+        """The metrics HTTP session (the Kubernetes client is the app's)."""
         if self._http is not None:
             await self._http.close()
-        await self.kube.close()
 
     async def run_forever(self) -> None:
         while True:

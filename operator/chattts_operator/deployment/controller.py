@@ -1,4 +1,4 @@
-"""The reconciler's I/O around the pure decision in ``reconcile.py``.
+"""The ChatTTSDeployment controller: the I/O around the pure decision in ``spec.py`` and ``status.py``.
 
 One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (create,
 update, resume, a change of its Deployment, the periodic resync):
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
 import time
@@ -369,7 +368,3 @@ def owner_key(deployment: dict[str, Any]) -> Key | None:
                 and ref.get("controller"):
             return meta.get("namespace"), ref.get("name")
     return None
-
-
-def copy_body(body: Any) -> dict[str, Any]:
-    return copy.deepcopy(dict(body))

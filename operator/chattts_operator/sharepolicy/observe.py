@@ -1,6 +1,6 @@
 """Kubernetes objects (plain dicts, camelCase as the API returns them) -> planner inputs.
 
-Pure: the handler lists nodes, members and their pods, and passes them here.
+Pure: the controller lists nodes, members and their pods, and passes them here.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ The plan for one instant:
 3. Actions, in the order they must be applied: suspends, scale-downs, then scale-ups and
    resumes, each growth accepted only if the memory asked *after it*, with every pod that
    still exists counted, stays within the pool. Growth that does not fit yet is deferred,
-   with the reason, to a later pass (the handler re-plans soon when anything is deferred).
+   with the reason, to a later pass (the controller re-plans soon when anything is deferred).
 So if the observed state is within the pool, applying the actions in order keeps it within
 the pool at every step; if it is not (a node left), the plan only releases.
 """
@@ -131,7 +131,7 @@ class Plan:
 
     @property
     def settled(self) -> bool:
-        """True when nothing waits for memory to be freed (the handler may sleep longer)."""
+        """True when nothing waits for memory to be freed (the controller may sleep longer)."""
         return not self.deferred
 
 
