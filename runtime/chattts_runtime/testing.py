@@ -39,6 +39,7 @@ def tiny_sizes(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
                      num_hidden_layers=num_layers, num_text_tokens=tokenizer_vocab_size()),
         decoder=ConvStackSizes(idim=half, odim=half, hidden=32, n_layer=2, bn_dim=16),
         dvae_decoder=ConvStackSizes(idim=32, odim=32, hidden=32, n_layer=2, bn_dim=16),
+        dvae_encoder=ConvStackSizes(idim=32, odim=64, hidden=32, n_layer=2, bn_dim=16),
         fsq=FSQSizes(dim=64),
         vocos=VocosSizes(dim=32, intermediate_dim=64, num_layers=2),
     )
