@@ -148,14 +148,16 @@ def token_probs(logits: torch.Tensor, temperature: torch.Tensor, penalty: torch.
 
 
 def draw(probs: torch.Tensor, order: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw: ``uniforms [B, Q]`` in [0, 1) -> tokens ``[B, Q]``.
+    """Inverse-CDF draw: ``uniforms [B, Q]`` (or ``[B, Q, N]``: N draws each) in [0, 1) -> tokens of that shape.
 
     ``right=True`` never lands on a zero-probability token; a uniform above the float sum
     falls on the last (most probable) one.
     """
+    many = uniforms.dim() == 3
     cdf = probs.cumsum(dim=-1)
-    pick = torch.searchsorted(cdf, uniforms[:, :, None].to(cdf.dtype), right=True).clamp_(max=probs.shape[-1] - 1)
-    return order.gather(2, pick).squeeze(-1)
+    values = (uniforms if many else uniforms[:, :, None]).to(cdf.dtype).contiguous()
+    tokens = order.gather(2, torch.searchsorted(cdf, values, right=True).clamp_(max=probs.shape[-1] - 1))
+    return tokens if many else tokens.squeeze(-1)
 
 
 class SamplingRow(Protocol):
