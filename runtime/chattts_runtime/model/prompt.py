@@ -65,3 +65,16 @@ class PromptTokenizer:
         head = self._tok.encode(f"[Stts]{speaker_tag}{speed_tag}", add_special_tokens=False)
         tail = self._tok.encode("[Ptts]", add_special_tokens=False)
         return Prompt(tuple(head + body + tail), len(body))
+
+    # -- refine-text (model/refine.py) ------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Plain ids of ``text`` (control tokens kept whole, no [CLS]/[SEP])."""
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        """Ids back to text as upstream decodes refined text (special tokens kept)."""
+        return self._tok.batch_decode([list(ids)], skip_special_tokens=False, clean_up_tokenization_spaces=None)[0]
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.get_vocab().get(token)
