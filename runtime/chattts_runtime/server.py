@@ -39,6 +39,7 @@ def build_app(holder: "ServiceHolder"):
     from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: PLC0415
 
     from chattts_runtime.audio_io import CONTENT_TYPES, to_pcm16, wav_header  # noqa: PLC0415
+    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
     from chattts_runtime.service import APIError, parse_speech_request  # noqa: PLC0415
 
     app = FastAPI(title="chattts-runtime", lifespan=holder.lifespan)
@@ -98,7 +99,10 @@ def build_app(holder: "ServiceHolder"):
             raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise APIError(400, "request body must be a JSON object", code="invalid_json")
-        synthesis = service.prepare(parse_speech_request(payload))
+        speech_request = parse_speech_request(payload)
+        synthesis = service.prepare(speech_request)
+        await service.refine(synthesis, speech_request)
+        headers = refined_text_headers(synthesis.refined_text)
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:
@@ -108,7 +112,7 @@ def build_app(holder: "ServiceHolder"):
                 await frames.aclose()
                 raise
             body = await asyncio.to_thread(service.encode, audio, fmt)
-            return Response(body, media_type=CONTENT_TYPES[fmt])
+            return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)
 
         audio_chunks = service.stream_audio(synthesis, frames)
 
@@ -140,6 +144,8 @@ def build_app(holder: "ServiceHolder"):
                                   "output_tokens": total // service.model.sizes.samples_per_frame,
                                   "total_tokens": len(synthesis.request.prompt_ids)
                                   + total // service.model.sizes.samples_per_frame}}
+                if synthesis.refined_text is not None:
+                    done["refined_text"] = synthesis.refined_text
                 yield f"data: {json.dumps(done)}\n\n"
             finally:
                 await audio_chunks.aclose()
@@ -147,8 +153,8 @@ def build_app(holder: "ServiceHolder"):
 
         if synthesis.sse:
             return StreamingResponse(sse_body(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt])
+                                     headers={"Cache-Control": "no-cache", **headers})
+        return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt], headers=headers)
 
     return app
 

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
-from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.controls import ControlError, Pipeline, code_sampling, resolve_pipeline
+from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
@@ -62,6 +64,19 @@ class SpeechRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = None
+    # Upstream ChatTTS's controls (chattts_runtime/controls.py; the runtime README documents them):
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    min_new_tokens: int | None = Field(None, ge=0, description="audio frames (21.3 ms each)")
+    max_new_tokens: int | None = Field(None, ge=1, description="audio frames (21.3 ms each)")
+    audio_decoder: Literal["decoder", "dvae"] | None = None
+    refine_text: bool | None = None
+    refine_prompt: str | None = Field(None, max_length=64)
+    refine_oral: int | None = Field(None, ge=0, le=9)
+    refine_laugh: int | None = Field(None, ge=0, le=2)
+    refine_break: int | None = Field(None, ge=0, le=7)
+    refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
+    refine_top_k: int | None = Field(None, ge=0)
 
     @property
     def streaming(self) -> bool:
@@ -85,6 +100,10 @@ class Synthesis:
     response_format: str
     streaming: bool
     sse: bool
+    pipeline: Pipeline | None = None  # None: no refine, the configured audio path (warm-up)
+    text: str = ""  # the text the audio pass reads (the refined text once refine ran)
+    speed: float = 1.0
+    refined_text: str | None = None  # set by SpeechService.refine
 
 
 class SpeechService:
@@ -99,6 +118,9 @@ class SpeechService:
         # One decode thread: stream windows are batched (BatchedDecoder), whole responses go one by one.
         self._decode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-decode")
         self._batched = BatchedDecoder(self._decode_batch, self._decode_pool)
+        # Refine-text runs the GPT's text head one request at a time, off the event loop and the decoder.
+        self._refine_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-refine")
+        self._refiner = None
         self._cuda_stream = None
         metrics.bind_engine(engine)
 
@@ -130,28 +152,48 @@ class SpeechService:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
             raise APIError(400, str(err), param="voice") from None
-        prompt = self.model.tokenizer.build(req.input, with_speaker=True, speed=req.speed)
-        gen = self.config.generation
-        max_frames = min(gen.max_new_frames, self.config.engine.max_model_len - len(prompt.input_ids) - 1)
-        if max_frames < 1:
-            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
-                           f"{self.config.engine.max_model_len}", param="input")
-        params = SamplingParams(
-            temperature=gen.temperature if req.temperature is None else req.temperature,
-            top_p=gen.top_p if req.top_p is None else req.top_p,
-            top_k=gen.top_k if req.top_k is None else req.top_k,
-            repetition_penalty=gen.repetition_penalty,
-            max_new_frames=max_frames,
-            min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
-            seed=gen.seed if req.seed is None else req.seed,
-        )
-        hidden = gen.audio_decoder == "decoder"
+        try:
+            pipeline = resolve_pipeline(req, self.config)
+            prompt_ids, params = self._code_prompt(req, req.input, req.speed)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        hidden = pipeline.want_hidden
         request = SynthesisRequest(
-            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
+            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
             params=params, want_hidden=hidden,
             # Engines that decode audio in their own loop do it for streams (same windows as ours).
             want_audio=req.streaming and not hidden and self.engine.decodes_audio)
-        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
+        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse",
+                         pipeline=pipeline, text=req.input, speed=req.speed)
+
+    def _code_prompt(self, req: SpeechRequest, text: str, speed: float) -> tuple[tuple[int, ...], SamplingParams]:
+        prompt = self.model.tokenizer.build(text, with_speaker=True, speed=speed)
+        max_frames = self.config.engine.max_model_len - len(prompt.input_ids) - 1
+        if max_frames < 1:
+            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
+                           f"{self.config.engine.max_model_len}", param="input")
+        return prompt.input_ids, code_sampling(req, self.config, max_frames)
+
+    async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """Upstream's refine-text pass, when the request runs it: the audio pass then reads its text."""
+        if synthesis.pipeline is None or synthesis.pipeline.refine is None:
+            return
+        refiner = self._text_refiner()
+        refined = await asyncio.get_running_loop().run_in_executor(
+            self._refine_pool, refiner.refine, synthesis.text, synthesis.pipeline.refine)
+        synthesis.refined_text = synthesis.text = refined.text
+        try:
+            synthesis.request.prompt_ids, synthesis.request.params = self._code_prompt(req, refined.text,
+                                                                                       synthesis.speed)
+        except ControlError as err:
+            raise APIError(400, f"after refine-text: {err}", param=err.param) from None
+
+    def _text_refiner(self):
+        if self._refiner is None:
+            from chattts_runtime.engines.refine import TextRefiner  # noqa: PLC0415
+
+            self._refiner = TextRefiner(self.model, max_model_len=self.config.engine.max_model_len)
+        return self._refiner
 
     # -- generation ------------------------------------------------------------------------
 
@@ -173,8 +215,9 @@ class SpeechService:
         import torch  # noqa: PLC0415
 
         batch = torch.from_numpy(np.ascontiguousarray(frames))
-        decode = self.model.hidden_to_audio if self.config.generation.audio_decoder == "decoder" \
-            else self.model.codes_to_audio
+        # Integer frames are codes (DVAE path), float ones hidden states (Decoder path); the batcher
+        # groups windows by shape, so one batch is always one kind.
+        decode = self.model.codes_to_audio if np.issubdtype(frames.dtype, np.integer) else self.model.hidden_to_audio
         if self.model.device.type != "cuda":
             return decode(batch).numpy()
         # Its own CUDA stream: the GPT's per-step host sync does not wait for vocoder kernels.
@@ -270,11 +313,13 @@ class SpeechService:
         # The configured sampling path, so its first use (kernels, allocations) is paid here.
         request = SynthesisRequest("warmup", prompt.input_ids, None, SamplingParams(
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
-            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0))
+            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0),
+            want_hidden=self.config.audio_decoder == "decoder")
         synthesis = Synthesis(request, "wav", False, False)
         await self.synthesize(synthesis, self.engine.submit(request))
 
     async def close(self) -> None:
         await self.engine.stop()
         self._decode_pool.shutdown(wait=False)
+        self._refine_pool.shutdown(wait=False)
 
