@@ -124,3 +124,36 @@ def refined_text_headers(refined: str | None) -> dict[str, str]:
     from urllib.parse import quote  # noqa: PLC0415
 
     return {} if refined is None else {REFINED_TEXT_HEADER: quote(refined, safe="")}
+
+
+# A reference clip of at most 30 s (one code frame = 512 samples at 24 kHz).
+MAX_SAMPLE_SECONDS = 30.0
+MAX_SAMPLE_FRAMES = int(MAX_SAMPLE_SECONDS * 24_000) // 512
+
+
+@dataclass(frozen=True)
+class VoiceSample:
+    """A voice from a reference clip: its codes ``[T, num_vq]`` and transcript (upstream's spk_smp, txt_smp)."""
+
+    codes: object  # np.ndarray int64 [T, num_vq]
+    text: str
+
+
+def voice_sample(req, config: RuntimeConfig, sizes) -> VoiceSample | None:
+    """The request's ``speaker_sample`` decoded and checked, or None."""
+    if req.speaker_sample is None:
+        if req.speaker_sample_text is not None:
+            raise ControlError("speaker_sample_text", "speaker_sample_text needs speaker_sample")
+        return None
+    if config.engine_kind != EngineKind.REFERENCE:
+        raise ControlError("speaker_sample", f"the {config.engine_kind.value} engine takes text prompts only; "
+                                             f"a voice sample needs the reference engine")
+    from chattts_runtime.model.encoder import decode_sample_codes  # noqa: PLC0415
+    from chattts_runtime.model.speaker import SpeakerError  # noqa: PLC0415
+
+    try:
+        codes = decode_sample_codes(req.speaker_sample, sizes.gpt.num_vq, sizes.gpt.num_audio_tokens - 1,
+                                    MAX_SAMPLE_FRAMES)
+    except SpeakerError as err:
+        raise ControlError("speaker_sample", str(err)) from None
+    return VoiceSample(codes.T.copy(), req.speaker_sample_text or "")

@@ -82,6 +82,29 @@ def build_app(holder: "ServiceHolder"):
         return {"object": "list", "data": [{"id": name, "object": "model", "created": holder.started,
                                              "owned_by": "chattts-runtime"}]}
 
+    @app.post("/v1/audio/voices")
+    async def voices(request: Request):
+        from chattts_runtime import voices as voice_api  # noqa: PLC0415
+
+        service = holder.service
+        if service is None or not service.ready:
+            raise APIError(503, "model is loading; retry when /ready answers 200", err_type="server_error",
+                           code="not_ready", headers={"Retry-After": "5"})
+        if service.model.encoder is None:
+            raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
+                           "sample are not available", code="no_voice_encoder")
+        raw = await request.body()
+        if len(raw) > voice_api.MAX_BODY_BYTES:
+            raise APIError(413, f"body is {len(raw)} bytes; the limit is {voice_api.MAX_BODY_BYTES}",
+                           code="body_too_large")
+        try:
+            samples = voice_api.clip_from_payload(json.loads(raw))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
+        except voice_api.VoiceError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        return await service.run_model(voice_api.encode_clip, service.model, samples)
+
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         service = holder.service

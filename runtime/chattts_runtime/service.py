@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
-from chattts_runtime.controls import ControlError, Pipeline, code_sampling, resolve_pipeline
+from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.metrics import RuntimeMetrics
@@ -28,6 +28,8 @@ from chattts_runtime.model.config import SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thousand characters
+MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -77,6 +79,9 @@ class SpeechRequest(BaseModel):
     refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
     refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
     refine_top_k: int | None = Field(None, ge=0)
+    # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
+    speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
+    speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
 
     @property
     def streaming(self) -> bool:
@@ -104,6 +109,7 @@ class Synthesis:
     text: str = ""  # the text the audio pass reads (the refined text once refine ran)
     speed: float = 1.0
     refined_text: str | None = None  # set by SpeechService.refine
+    sample: VoiceSample | None = None  # a voice from a reference clip
 
 
 class SpeechService:
@@ -154,25 +160,34 @@ class SpeechService:
             raise APIError(400, str(err), param="voice") from None
         try:
             pipeline = resolve_pipeline(req, self.config)
-            prompt_ids, params = self._code_prompt(req, req.input, req.speed)
+            sample = voice_sample(req, self.config, self.model.sizes)
         except ControlError as err:
             raise APIError(400, str(err), param=err.param) from None
+        if sample is not None:
+            speaker = None  # as upstream with spk_smp and no spk_emb: [empty_spk] + the clip's codes
+        prompt_ids, params = self._code_prompt(req, req.input, req.speed, sample)
         hidden = pipeline.want_hidden
         request = SynthesisRequest(
             request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
-            params=params, want_hidden=hidden,
+            params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
             # Engines that decode audio in their own loop do it for streams (same windows as ours).
             want_audio=req.streaming and not hidden and self.engine.decodes_audio)
         return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse",
-                         pipeline=pipeline, text=req.input, speed=req.speed)
+                         pipeline=pipeline, text=req.input, speed=req.speed, sample=sample)
 
-    def _code_prompt(self, req: SpeechRequest, text: str, speed: float) -> tuple[tuple[int, ...], SamplingParams]:
-        prompt = self.model.tokenizer.build(text, with_speaker=True, speed=speed)
-        max_frames = self.config.engine.max_model_len - len(prompt.input_ids) - 1
+    def _code_prompt(self, req: SpeechRequest, text: str, speed: float,
+                     sample: VoiceSample | None) -> tuple[tuple[int, ...], SamplingParams]:
+        prompt = self.model.tokenizer.build(text, with_speaker=sample is None, speed=speed,
+                                            sample_text="" if sample is None else sample.text)
+        length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
+        max_frames = self.config.engine.max_model_len - length - 1
         if max_frames < 1:
-            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
+            raise APIError(400, f"input is {length} tokens: too long for max_model_len "
                            f"{self.config.engine.max_model_len}", param="input")
-        return prompt.input_ids, code_sampling(req, self.config, max_frames)
+        try:
+            return prompt.input_ids, code_sampling(req, self.config, max_frames)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
 
     async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         """Upstream's refine-text pass, when the request runs it: the audio pass then reads its text."""
@@ -182,11 +197,12 @@ class SpeechService:
         refined = await asyncio.get_running_loop().run_in_executor(
             self._refine_pool, refiner.refine, synthesis.text, synthesis.pipeline.refine)
         synthesis.refined_text = synthesis.text = refined.text
-        try:
-            synthesis.request.prompt_ids, synthesis.request.params = self._code_prompt(req, refined.text,
-                                                                                       synthesis.speed)
-        except ControlError as err:
-            raise APIError(400, f"after refine-text: {err}", param=err.param) from None
+        synthesis.request.prompt_ids, synthesis.request.params = self._code_prompt(
+            req, refined.text, synthesis.speed, synthesis.sample)
+
+    async def run_model(self, fn, *args):
+        """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._refine_pool, fn, *args)
 
     def _text_refiner(self):
         if self._refiner is None:

@@ -90,3 +90,41 @@ def test_bad_controls_are_a_400_naming_the_field(server, body, param):
         r = speech(client, input="hello", **body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def wav_base64(seconds: float, rate: int = 24_000, channels: int = 1) -> str:
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(rate * seconds)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.repeat(pcm, channels).tobytes())
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_a_voice_from_a_reference_clip(server):
+    with server.client() as client:
+        voice = client.post("/v1/audio/voices", json={"audio": wav_base64(1.5)})
+        assert voice.status_code == 200, voice.text
+        body = voice.json()
+        assert body["frames"] == 70 and body["speaker_sample"]  # 1.5 s: 141 mel frames, halved
+        r = speech(client, input="hello", refine_text=False, speaker_sample=body["speaker_sample"],
+                   speaker_sample_text="hi there")
+        assert r.status_code == 200, r.text
+        assert len(r.content) > 44
+        bad = [client.post("/v1/audio/voices", json=b) for b in (
+            {"audio": "not base64!"}, {"audio": wav_base64(1.5, rate=16_000)}, {"audio": wav_base64(0.3)},
+            {"audio": wav_base64(1.5, channels=2)}, {"clip": "x"})]
+        assert [b.status_code for b in bad] == [400] * 5 and all(b.json()["error"]["param"] == "audio" for b in bad)
+        for sample in ("一二三四五六七八九十一二三四五六七", "hello"):
+            r = speech(client, input="hello", speaker_sample=sample)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "speaker_sample", r.text
+        r = speech(client, input="hello", speaker_sample_text="only text")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "speaker_sample_text"

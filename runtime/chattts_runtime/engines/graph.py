@@ -416,6 +416,8 @@ class GraphEngine(ReferenceEngine):
         return len(self._running)
 
     def submit(self, request: SynthesisRequest):
+        if request.prompt_codes is not None:
+            raise EngineError("the graph engine takes text prompts only; a voice sample needs the reference engine")
         if request.params.uniform_temperature is None:
             raise EngineError("the graph engine samples every codebook at one temperature; "
                               "per-codebook temperatures need the reference engine")

@@ -134,8 +134,8 @@ class ReferenceEngine(Engine):
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
-        if len(request.prompt_ids) + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
         with self._cond:
             if self._stopping:
@@ -222,6 +222,9 @@ class ReferenceEngine(Engine):
         embeds = [model.gpt.prompt_embeds(s.request.prompt_ids,
                                           torch.from_numpy(s.request.speaker) if s.request.speaker is not None
                                           else None, model.tokenizer.spk_emb_id)[0] for s in seqs]
+        embeds = [e if s.request.prompt_codes is None else
+                  torch.cat((e, model.gpt.embed.embed_codes(torch.from_numpy(s.request.prompt_codes).to(dev)).to(e.dtype)))
+                  for s, e in zip(seqs, embeds)]
         t = max(e.shape[0] for e in embeds)
         batch = torch.zeros(len(seqs), t, embeds[0].shape[-1], dtype=embeds[0].dtype, device=dev)
         valid = torch.zeros(len(seqs), t, dtype=torch.bool, device=dev)
