@@ -40,6 +40,7 @@ def build_app(holder: "ServiceHolder"):
     from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: PLC0415
 
     from chattts_runtime.audio_io import CONTENT_TYPES, to_pcm16, wav_header  # noqa: PLC0415
+    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
     from chattts_runtime.service import APIError, parse_speech_request  # noqa: PLC0415
 
     app = FastAPI(title="chattts-runtime", lifespan=holder.lifespan)
@@ -82,6 +83,29 @@ def build_app(holder: "ServiceHolder"):
         return {"object": "list", "data": [{"id": name, "object": "model", "created": holder.started,
                                              "owned_by": "chattts-runtime"}]}
 
+    @app.post("/v1/audio/voices")
+    async def voices(request: Request):
+        from chattts_runtime import voices as voice_api  # noqa: PLC0415
+
+        service = holder.service
+        if service is None or not service.ready:
+            raise APIError(503, "model is loading; retry when /ready answers 200", err_type="server_error",
+                           code="not_ready", headers={"Retry-After": "5"})
+        if service.model.encoder is None:
+            raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
+                           "sample are not available", code="no_voice_encoder")
+        raw = await request.body()
+        if len(raw) > voice_api.MAX_BODY_BYTES:
+            raise APIError(413, f"body is {len(raw)} bytes; the limit is {voice_api.MAX_BODY_BYTES}",
+                           code="body_too_large")
+        try:
+            samples = voice_api.clip_from_payload(json.loads(raw))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
+        except voice_api.VoiceError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        return await service.run_model(voice_api.encode_clip, service.model, samples)
+
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         service = holder.service
@@ -99,7 +123,10 @@ def build_app(holder: "ServiceHolder"):
             raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise APIError(400, "request body must be a JSON object", code="invalid_json")
-        synthesis = service.prepare(parse_speech_request(payload))
+        speech_request = parse_speech_request(payload)
+        synthesis = service.prepare(speech_request)
+        await service.refine(synthesis, speech_request)
+        headers = refined_text_headers(synthesis.refined_text)
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:
@@ -109,7 +136,7 @@ def build_app(holder: "ServiceHolder"):
                 await frames.aclose()
                 raise
             body = await asyncio.to_thread(service.encode, audio, fmt)
-            return Response(body, media_type=CONTENT_TYPES[fmt])
+            return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)
 
         audio_chunks = service.stream_audio(synthesis, frames)
 
@@ -141,6 +168,8 @@ def build_app(holder: "ServiceHolder"):
                                   "output_tokens": total // service.model.sizes.samples_per_frame,
                                   "total_tokens": len(synthesis.request.prompt_ids)
                                   + total // service.model.sizes.samples_per_frame}}
+                if synthesis.refined_text is not None:
+                    done["refined_text"] = synthesis.refined_text
                 yield f"data: {json.dumps(done)}\n\n"
             finally:
                 await audio_chunks.aclose()
@@ -148,8 +177,8 @@ def build_app(holder: "ServiceHolder"):
 
         if synthesis.sse:
             return StreamingResponse(sse_body(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt])
+                                     headers={"Cache-Control": "no-cache", **headers})
+        return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt], headers=headers)
 
     return app
 

@@ -19,13 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
-from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
+from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thousand characters
+MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -62,6 +66,22 @@ class SpeechRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = None
+    # Upstream ChatTTS's controls (chattts_runtime/controls.py; the runtime README documents them):
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    min_new_tokens: int | None = Field(None, ge=0, description="audio frames (21.3 ms each)")
+    max_new_tokens: int | None = Field(None, ge=1, description="audio frames (21.3 ms each)")
+    audio_decoder: Literal["decoder", "dvae"] | None = None
+    refine_text: bool | None = None
+    refine_prompt: str | None = Field(None, max_length=64)
+    refine_oral: int | None = Field(None, ge=0, le=9)
+    refine_laugh: int | None = Field(None, ge=0, le=2)
+    refine_break: int | None = Field(None, ge=0, le=7)
+    refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
+    refine_top_k: int | None = Field(None, ge=0)
+    # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
+    speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
+    speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
 
     @property
     def streaming(self) -> bool:
@@ -85,6 +105,11 @@ class Synthesis:
     response_format: str
     streaming: bool
     sse: bool
+    pipeline: Pipeline | None = None  # None: no refine, the configured audio path (warm-up)
+    text: str = ""  # the text the audio pass reads (the refined text once refine ran)
+    speed: float = 1.0
+    refined_text: str | None = None  # set by SpeechService.refine
+    sample: VoiceSample | None = None  # a voice from a reference clip
 
 
 class SpeechService:
@@ -99,6 +124,9 @@ class SpeechService:
         # One decode thread: stream windows are batched (BatchedDecoder), whole responses go one by one.
         self._decode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-decode")
         self._batched = BatchedDecoder(self._decode_batch, self._decode_pool)
+        # Refine-text runs the GPT's text head one request at a time, off the event loop and the decoder.
+        self._refine_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-refine")
+        self._refiner = None
         self._cuda_stream = None
         metrics.bind_engine(engine)
 
@@ -130,28 +158,58 @@ class SpeechService:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
             raise APIError(400, str(err), param="voice") from None
-        prompt = self.model.tokenizer.build(req.input, with_speaker=True, speed=req.speed)
-        gen = self.config.generation
-        max_frames = min(gen.max_new_frames, self.config.engine.max_model_len - len(prompt.input_ids) - 1)
-        if max_frames < 1:
-            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
-                           f"{self.config.engine.max_model_len}", param="input")
-        params = SamplingParams(
-            temperature=gen.temperature if req.temperature is None else req.temperature,
-            top_p=gen.top_p if req.top_p is None else req.top_p,
-            top_k=gen.top_k if req.top_k is None else req.top_k,
-            repetition_penalty=gen.repetition_penalty,
-            max_new_frames=max_frames,
-            min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
-            seed=gen.seed if req.seed is None else req.seed,
-        )
-        hidden = gen.audio_decoder == "decoder"
+        try:
+            pipeline = resolve_pipeline(req, self.config)
+            sample = voice_sample(req, self.config, self.model.sizes)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        if sample is not None:
+            speaker = None  # as upstream with spk_smp and no spk_emb: [empty_spk] + the clip's codes
+        prompt_ids, params = self._code_prompt(req, req.input, req.speed, sample)
+        hidden = pipeline.want_hidden
         request = SynthesisRequest(
-            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
-            params=params, want_hidden=hidden,
+            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
+            params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
             # Engines that decode audio in their own loop do it for streams (same windows as ours).
             want_audio=req.streaming and not hidden and self.engine.decodes_audio)
-        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
+        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse",
+                         pipeline=pipeline, text=req.input, speed=req.speed, sample=sample)
+
+    def _code_prompt(self, req: SpeechRequest, text: str, speed: float,
+                     sample: VoiceSample | None) -> tuple[tuple[int, ...], SamplingParams]:
+        prompt = self.model.tokenizer.build(text, with_speaker=sample is None, speed=speed,
+                                            sample_text="" if sample is None else sample.text)
+        length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
+        max_frames = self.config.engine.max_model_len - length - 1
+        if max_frames < 1:
+            raise APIError(400, f"input is {length} tokens: too long for max_model_len "
+                           f"{self.config.engine.max_model_len}", param="input")
+        try:
+            return prompt.input_ids, code_sampling(req, self.config, max_frames)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
+
+    async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """Upstream's refine-text pass, when the request runs it: the audio pass then reads its text."""
+        if synthesis.pipeline is None or synthesis.pipeline.refine is None:
+            return
+        refiner = self._text_refiner()
+        refined = await asyncio.get_running_loop().run_in_executor(
+            self._refine_pool, refiner.refine, synthesis.text, synthesis.pipeline.refine)
+        synthesis.refined_text = synthesis.text = refined.text
+        synthesis.request.prompt_ids, synthesis.request.params = self._code_prompt(
+            req, refined.text, synthesis.speed, synthesis.sample)
+
+    async def run_model(self, fn, *args):
+        """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._refine_pool, fn, *args)
+
+    def _text_refiner(self):
+        if self._refiner is None:
+            from chattts_runtime.engines.refine import TextRefiner  # noqa: PLC0415
+
+            self._refiner = TextRefiner(self.model, max_model_len=self.config.engine.max_model_len)
+        return self._refiner
 
     # -- generation ------------------------------------------------------------------------
 
@@ -173,8 +231,9 @@ class SpeechService:
         import torch  # noqa: PLC0415
 
         batch = torch.from_numpy(np.ascontiguousarray(frames))
-        decode = self.model.hidden_to_audio if self.config.generation.audio_decoder == "decoder" \
-            else self.model.codes_to_audio
+        # Integer frames are codes (DVAE path), float ones hidden states (Decoder path); the batcher
+        # groups windows by shape, so one batch is always one kind.
+        decode = self.model.codes_to_audio if np.issubdtype(frames.dtype, np.integer) else self.model.hidden_to_audio
         if self.model.device.type != "cuda":
             return decode(batch).numpy()
         # Its own CUDA stream: the GPT's per-step host sync does not wait for vocoder kernels.
@@ -270,11 +329,13 @@ class SpeechService:
         # The configured sampling path, so its first use (kernels, allocations) is paid here.
         request = SynthesisRequest("warmup", prompt.input_ids, None, SamplingParams(
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
-            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0))
+            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0),
+            want_hidden=self.config.audio_decoder == "decoder")
         synthesis = Synthesis(request, "wav", False, False)
         await self.synthesize(synthesis, self.engine.submit(request))
 
     async def close(self) -> None:
         await self.engine.stop()
         self._decode_pool.shutdown(wait=False)
+        self._refine_pool.shutdown(wait=False)
 

@@ -121,6 +121,7 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                 req = SpeechRequest(model=config.model.served_name, input=item.text,
                                     voice=item.voice or default_voice, response_format=fmt, speed=item.speed)
                 synthesis = service.prepare(req)
+                await service.refine(synthesis, req)
                 audio = await service.synthesize(synthesis, service.submit(synthesis))
                 data = await asyncio.to_thread(service.encode, audio, fmt)
             except APIError as err:

@@ -62,7 +62,7 @@ def start_server(tmp_path, tiny_checkpoint) -> Callable[..., RunningServer]:
             "engine_kind": "reference",
             "device": "cpu",
             "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_seconds": 30},
-            "generation": {"temperature": 0, "max_new_frames": 48},
+            "generation": {"temperature": 0, "max_new_frames": 48, "refine_text": False},
         }, overrides or {})
         cfg_path = tmp_path / f"runtime-{port}.yaml"
         cfg_path.write_text(yaml.safe_dump(config))

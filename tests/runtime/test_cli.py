@@ -68,7 +68,7 @@ def test_broken_checkpoint_fails_start_up_with_exit_1(tmp_path, tiny_checkpoint)
 
 def _config(tmp_path, checkpoint, **generation):
     cfg = tmp_path / "runtime.yaml"
-    gen = {"temperature": 0, "max_new_frames": 24, **generation}
+    gen = {"temperature": 0, "max_new_frames": 24, "refine_text": False, **generation}
     cfg.write_text(json.dumps({"model": {"path": str(checkpoint)}, "engine_kind": "reference",
                                "device": "cpu", "generation": gen}))
     return cfg

@@ -59,6 +59,13 @@ class SynthesisRequest:
     # Stream decoded audio (``FrameChunk.audio``) instead of leaving decoding to the caller. Only
     # engines with ``decodes_audio = True`` honour it; the speech API asks only those.
     want_audio: bool = False
+    # Audio codes ``[T, num_vq]`` after the text prompt (a voice from a reference clip, upstream's
+    # ``spk_smp``): embedded as generated frames are; the reference engine only.
+    prompt_codes: np.ndarray | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_ids) + (0 if self.prompt_codes is None else len(self.prompt_codes))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull,
     SchedulerObserver, SynthesisRequest, stream_chunks)
 from chattts_runtime.engines.kvcache import BatchKVCache
-from chattts_runtime.model.sampling import sample_codes
+from chattts_runtime.model.sampling import new_generator, sample_tokens
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ class _Sequence:
     last_codes: torch.Tensor | None = None  # [num_vq] long, fed at the next step
     position: int = 0  # position id of the next input
     done: bool = False
+
+    @property
+    def params(self):
+        return self.request.params
 
 
 class ReferenceEngine(Engine):
@@ -130,19 +134,15 @@ class ReferenceEngine(Engine):
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
-        if len(request.prompt_ids) + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
         with self._cond:
             if self._stopping:
                 raise EngineStopped("engine is stopping")
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(len(self._waiting), retry_after=1.0)
-            seq = _Sequence(request)
-            if not request.params.greedy:
-                seq.generator = torch.Generator(device="cpu")
-                seq.generator.manual_seed(request.params.seed if request.params.seed is not None
-                                          else int(np.random.SeedSequence().entropy % (2**63)))
+            seq = _Sequence(request, generator=new_generator(request.params))
             self._waiting.append(seq)
             self._cond.notify()
 
@@ -222,6 +222,9 @@ class ReferenceEngine(Engine):
         embeds = [model.gpt.prompt_embeds(s.request.prompt_ids,
                                           torch.from_numpy(s.request.speaker) if s.request.speaker is not None
                                           else None, model.tokenizer.spk_emb_id)[0] for s in seqs]
+        embeds = [e if s.request.prompt_codes is None else
+                  torch.cat((e, model.gpt.embed.embed_codes(torch.from_numpy(s.request.prompt_codes).to(dev)).to(e.dtype)))
+                  for s, e in zip(seqs, embeds)]
         t = max(e.shape[0] for e in embeds)
         batch = torch.zeros(len(seqs), t, embeds[0].shape[-1], dtype=embeds[0].dtype, device=dev)
         valid = torch.zeros(len(seqs), t, dtype=torch.bool, device=dev)
@@ -239,7 +242,7 @@ class ReferenceEngine(Engine):
             seq.position = e.shape[0]
         self._running.extend(seqs)
         self._cache.add_rows(cache)
-        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
+        self._accept_all(seqs, sample_tokens(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
     def _decode_step(self, events: list[tuple[str, FrameChunk]]) -> None:
         model = self.model
@@ -252,7 +255,7 @@ class ReferenceEngine(Engine):
         self.observer.on_step(len(seqs))
         for seq in seqs:
             seq.position += 1
-        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
+        self._accept_all(seqs, sample_tokens(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
     def _accept_all(self, seqs: list[_Sequence], codes: torch.Tensor, hidden: torch.Tensor,
                     events: list[tuple[str, FrameChunk]]) -> None:

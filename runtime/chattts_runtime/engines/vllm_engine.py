@@ -255,6 +255,8 @@ class VLLMEngine(Engine):
             raise EngineStopped(f"the vLLM engine core died: {self._dead}")
         if request.want_hidden:
             raise EngineError("the vllm engine streams audio codes only (no GPT hidden states)")
+        if request.prompt_codes is not None:
+            raise EngineError("the vllm engine takes text prompts only; a voice sample needs the reference engine")
         if len(request.prompt_ids) + 1 > self.max_model_len:
             raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
                               f"{self.max_model_len}")

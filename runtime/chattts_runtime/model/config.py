@@ -106,6 +106,9 @@ class ModelSizes:
         default_factory=lambda: ConvStackSizes(idim=384, odim=384, hidden=512, n_layer=12, bn_dim=128))
     dvae_decoder: ConvStackSizes = field(
         default_factory=lambda: ConvStackSizes(idim=512, odim=512, hidden=256, n_layer=12, bn_dim=128))
+    # The DVAE's encoder half (reference audio -> codes, for a voice from a sample).
+    dvae_encoder: ConvStackSizes = field(
+        default_factory=lambda: ConvStackSizes(idim=512, odim=1024, hidden=256, n_layer=12, bn_dim=128))
     fsq: FSQSizes = field(default_factory=FSQSizes)
     vocos: VocosSizes = field(default_factory=VocosSizes)
     n_mels: int = 100
@@ -130,7 +133,7 @@ def _build_sizes(data: dict[str, Any], where: str) -> ModelSizes:
     kwargs: dict[str, Any] = {}
     if "gpt" in top:
         kwargs["gpt"] = GPTSizes(**_only_known(GPTSizes, top["gpt"], f"{where}: gpt"))
-    for name in ("decoder", "dvae_decoder"):
+    for name in ("decoder", "dvae_decoder", "dvae_encoder"):
         if name in top:
             kwargs[name] = ConvStackSizes(**_only_known(ConvStackSizes, top[name], f"{where}: {name}"))
     if "fsq" in top:

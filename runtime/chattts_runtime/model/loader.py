@@ -12,6 +12,7 @@ from torch import nn
 from chattts_runtime.model import config as layout
 from chattts_runtime.model.audio import MelDecoder, Vocos
 from chattts_runtime.model.awq import dequantize_awq_state, gpt_quantization
+from chattts_runtime.model.encoder import DVAEEncoder
 from chattts_runtime.model.config import CheckpointError, ModelSizes, load_model_sizes
 from chattts_runtime.model.gpt import ChatTTSGPT
 from chattts_runtime.model.prompt import PromptTokenizer
@@ -20,9 +21,10 @@ from chattts_runtime.model.speaker import (
 
 log = logging.getLogger(__name__)
 
+ENCODER_PREFIXES = ("encoder.", "downsample_conv.", "preprocessor_mel.")
 # Keys present in official files that the serving path does not use.
 _SKIPPED_PREFIXES = {
-    layout.DVAE_WEIGHTS: ("encoder.", "downsample_conv.", "preprocessor_mel."),
+    layout.DVAE_WEIGHTS: ENCODER_PREFIXES,  # loaded into the DVAEEncoder instead (model/encoder.py)
     layout.VOCOS_WEIGHTS: ("feature_extractor.",),
     layout.GPT_WEIGHTS: ("embed_tokens.",),
 }
@@ -62,6 +64,7 @@ class ChatTTSModel:
     speaker_std: np.ndarray
     speaker_mean: np.ndarray
     quantization: dict | None = None
+    encoder: DVAEEncoder | None = None  # reference clip -> codes (voice from a sample); None if not shipped
 
     @property
     def device(self) -> torch.device:
@@ -125,7 +128,13 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
     gpt.embed.fuse_weight_norm()
 
     dvae = MelDecoder(sizes.dvae_decoder, sizes.n_mels, sizes.fsq)
-    load_into(dvae, read_safetensors(root / layout.DVAE_WEIGHTS), root, layout.DVAE_WEIGHTS)
+    dvae_state = read_safetensors(root / layout.DVAE_WEIGHTS)
+    load_into(dvae, dvae_state, root, layout.DVAE_WEIGHTS)
+    encoder = None
+    encoder_state = {k: v for k, v in dvae_state.items() if k.startswith(ENCODER_PREFIXES)}
+    if encoder_state:
+        encoder = DVAEEncoder(sizes, dvae)
+        load_into(encoder, encoder_state, root, layout.DVAE_WEIGHTS + " (encoder)")
     decoder = None
     if (root / layout.DECODER_WEIGHTS).exists():
         decoder = MelDecoder(sizes.decoder, sizes.n_mels, None)
@@ -139,6 +148,7 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
     # the heads' argmax must not depend on the GPT's precision more than necessary).
     gpt.llama.to(device=dev, dtype=dtype)
     gpt.embed.to(device=dev)
-    for module in (gpt, dvae, vocos) + ((decoder,) if decoder is not None else ()):
-        module.to(dev).eval().requires_grad_(False)
-    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, std, mean, quant)
+    for module in (gpt, dvae, vocos, decoder, encoder):
+        if module is not None:
+            module.to(dev).eval().requires_grad_(False)
+    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, std, mean, quant, encoder)

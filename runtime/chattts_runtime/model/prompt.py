@@ -33,6 +33,13 @@ def speed_token(speed: float) -> str:
     return f"[speed_{max(0, min(9, level))}]"
 
 
+def _strip_prompt_tokens(text: str) -> str:
+    """Control tokens typed by a user would steer the model: strip them from the text."""
+    for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
+        text = text.replace(token, "")
+    return text.strip()
+
+
 @dataclass(frozen=True)
 class Prompt:
     input_ids: tuple[int, ...]
@@ -55,13 +62,28 @@ class PromptTokenizer:
         self.spk_emb_id = vocab["[spk_emb]"]
         self._has_speed = all(f"[speed_{i}]" in vocab for i in range(10))
 
-    def build(self, text: str, *, with_speaker: bool, speed: float = 1.0) -> Prompt:
+    def build(self, text: str, *, with_speaker: bool, speed: float = 1.0, sample_text: str = "") -> Prompt:
+        """``sample_text``: the transcript of a reference clip (upstream's ``txt_smp``), placed after the
+        speaker tag and before the speed tag, as upstream does; its codes follow the prompt."""
         speaker_tag = "[spk_emb]" if with_speaker else "[empty_spk]"
         speed_tag = speed_token(speed) if self._has_speed else ""
-        # Control tokens typed by a user would steer the model: strip them from the text.
-        for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
-            text = text.replace(token, "")
-        body = self._tok.encode(text.strip(), add_special_tokens=False)
-        head = self._tok.encode(f"[Stts]{speaker_tag}{speed_tag}", add_special_tokens=False)
+        body = self._tok.encode(_strip_prompt_tokens(text), add_special_tokens=False)
+        head = self._tok.encode(f"[Stts]{speaker_tag}", add_special_tokens=False)
+        if sample_text:
+            head += self._tok.encode(_strip_prompt_tokens(sample_text), add_special_tokens=False)
+        head += self._tok.encode(speed_tag, add_special_tokens=False) if speed_tag else []
         tail = self._tok.encode("[Ptts]", add_special_tokens=False)
         return Prompt(tuple(head + body + tail), len(body))
+
+    # -- refine-text (model/refine.py) ------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Plain ids of ``text`` (control tokens kept whole, no [CLS]/[SEP])."""
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        """Ids back to text as upstream decodes refined text (special tokens kept)."""
+        return self._tok.batch_decode([list(ids)], skip_special_tokens=False, clean_up_tokenization_spaces=None)[0]
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.get_vocab().get(token)
