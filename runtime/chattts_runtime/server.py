@@ -136,9 +136,9 @@ def build_app(holder: "ServiceHolder"):
                     event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
                     yield f"data: {json.dumps(event)}\n\n"
                 done = {"type": "speech.audio.done",
-                        "usage": {"input_tokens": len(synthesis.request.prompt_ids),
+                        "usage": {"input_tokens": synthesis.prompt_tokens,
                                   "output_tokens": total // service.model.sizes.samples_per_frame,
-                                  "total_tokens": len(synthesis.request.prompt_ids)
+                                  "total_tokens": synthesis.prompt_tokens
                                   + total // service.model.sizes.samples_per_frame}}
                 yield f"data: {json.dumps(done)}\n\n"
             finally:

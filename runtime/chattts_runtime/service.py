@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
@@ -20,6 +20,7 @@ from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.longform import chain_pieces
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
@@ -62,6 +63,8 @@ class SpeechRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = None
+    normalize: bool | None = None  # upstream's text normalization; default from text.normalize
+    lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 
     @property
     def streaming(self) -> bool:
@@ -85,6 +88,12 @@ class Synthesis:
     response_format: str
     streaming: bool
     sse: bool
+    more: tuple[SynthesisRequest, ...] = ()  # the following pieces of a long input, in order
+    texts: tuple[str, ...] = ()  # each piece's text as the tokenizer read it
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt_ids) for r in (self.request, *self.more))
 
 
 class SpeechService:
@@ -100,6 +109,9 @@ class SpeechService:
         self._decode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-decode")
         self._batched = BatchedDecoder(self._decode_batch, self._decode_pool)
         self._cuda_stream = None
+        from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
+
+        self.frontend = FrontEnd.from_config(config, model.tokenizer)
         metrics.bind_engine(engine)
 
     @property
@@ -130,28 +142,45 @@ class SpeechService:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
             raise APIError(400, str(err), param="voice") from None
-        prompt = self.model.tokenizer.build(req.input, with_speaker=True, speed=req.speed)
+        pieces = self._text_pieces(req)
         gen = self.config.generation
-        max_frames = min(gen.max_new_frames, self.config.engine.max_model_len - len(prompt.input_ids) - 1)
-        if max_frames < 1:
-            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
-                           f"{self.config.engine.max_model_len}", param="input")
         params = SamplingParams(
             temperature=gen.temperature if req.temperature is None else req.temperature,
             top_p=gen.top_p if req.top_p is None else req.top_p,
             top_k=gen.top_k if req.top_k is None else req.top_k,
             repetition_penalty=gen.repetition_penalty,
-            max_new_frames=max_frames,
+            max_new_frames=pieces[0].max_frames,
             min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
             seed=gen.seed if req.seed is None else req.seed,
         )
         hidden = gen.audio_decoder == "decoder"
-        request = SynthesisRequest(
-            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
-            params=params, want_hidden=hidden,
+        requests = [SynthesisRequest(
+            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=piece.prompt.input_ids, speaker=speaker,
+            # Each piece its own seed, so a fixed seed still gives every piece its own draw.
+            params=replace(params, max_new_frames=piece.max_frames,
+                           seed=None if params.seed is None else params.seed + index),
+            want_hidden=hidden,
             # Engines that decode audio in their own loop do it for streams (same windows as ours).
             want_audio=req.streaming and not hidden and self.engine.decodes_audio)
-        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
+            for index, piece in enumerate(pieces)]
+        request = requests[0]
+        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse",
+                         tuple(requests[1:]), tuple(p.text for p in pieces))
+
+    def _text_pieces(self, req: SpeechRequest):
+        """Normalize and cut the input (``chattts_runtime.text``); 400 when nothing or one sentence can't fit."""
+        from chattts_runtime.text.frontend import NothingToSay  # noqa: PLC0415
+        from chattts_runtime.text.split import SentenceTooLong  # noqa: PLC0415
+
+        normalize = self.config.text.normalize if req.normalize is None else req.normalize
+        try:
+            return self.frontend.pieces(req.input, normalize=normalize, lang=req.lang, speed=req.speed)
+        except NothingToSay as err:
+            raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
+        except SentenceTooLong as err:
+            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
+                           f"with the audio it needs: split it with punctuation", param="input",
+                           code="sentence_too_long") from None
 
     # -- generation ------------------------------------------------------------------------
 
@@ -160,7 +189,8 @@ class SpeechService:
             raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         synthesis.request.arrival = time.monotonic()
         try:
-            return self.engine.submit(synthesis.request)
+            first = self.engine.submit(synthesis.request)
+            return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
         except QueueFull as err:
             self.metrics.requests.labels("rejected").inc()
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",

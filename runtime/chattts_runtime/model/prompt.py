@@ -54,6 +54,18 @@ class PromptTokenizer:
         self.vocab_size = len(self._tok)
         self.spk_emb_id = vocab["[spk_emb]"]
         self._has_speed = all(f"[speed_{i}]" in vocab for i in range(10))
+        self._unk_id = self._tok.unk_token_id
+        self._known: dict[str, bool] = {}
+
+    def knows_character(self, char: str) -> bool:
+        """Whether ``char`` alone tokenizes without [UNK] (the checkpoint's vocabulary decides)."""
+        known = self._known.get(char)
+        if known is None:
+            ids = self._tok.encode(char, add_special_tokens=False)
+            known = bool(ids) and self._unk_id not in ids
+            if len(self._known) < 65536:  # bounded: requests choose the characters
+                self._known[char] = known
+        return known
 
     def build(self, text: str, *, with_speaker: bool, speed: float = 1.0) -> Prompt:
         speaker_tag = "[spk_emb]" if with_speaker else "[empty_spk]"
