@@ -55,3 +55,11 @@ def test_a_sentence_alone_too_long_is_refused():
 def test_pieces_with_nothing_left_are_dropped():
     planner = Planner(lambda raw: raw.strip(" 1") or None, lambda piece: True)
     assert planner.plan("111\na.\n 1") == ["a."]
+
+
+def test_a_sentence_beyond_the_cap_but_within_the_context_goes_alone():
+    planner = Planner(lambda raw: raw.strip() or None, lambda piece: len(piece.split()) <= 2,
+                      lambda piece: len(piece.split()) <= 5)
+    assert planner.plan("a b c d! e f") == ["a b c d!", "e f"]
+    with pytest.raises(SentenceTooLong):
+        planner.plan("a b c d e f g!")

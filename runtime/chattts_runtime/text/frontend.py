@@ -55,7 +55,10 @@ class FrontEnd:
         def fits(piece: TextPiece) -> bool:
             return self.budget.fits(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
 
-        planned = Planner(prepare, fits).plan(text)
+        def possible(piece: TextPiece) -> bool:
+            return self.budget.fits_context(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
+
+        planned = Planner(prepare, fits, possible).plan(text)
         if not planned:
             raise NothingToSay("input has nothing to synthesize after text normalization (digits, symbols and "
                                "emoji are dropped as upstream ChatTTS does; spell them out or send normalize: false)")

@@ -4,10 +4,12 @@ Upstream ChatTTS (``split_text=True``) cuts the raw text at line breaks when it 
 else after ``。`` and after ``. ``, and generates every piece on its own (up to 2,048
 frames each). :func:`upstream_pieces` is that cut. A piece must also fit the context
 here: its prompt plus the frames it will need must stay within ``max_model_len``, and
-the frames within ``max_new_frames``. :func:`plan_pieces` keeps upstream's pieces that
+the frames within ``max_new_frames``. :class:`Planner` keeps upstream's pieces that
 fit, cuts the others at every sentence end (``。！？；…!?;``, ``.`` before a space) and
-packs consecutive sentences back together while they fit. Only a single sentence that
-cannot fit on its own is refused (:class:`SentenceTooLong`).
+packs consecutive sentences back together while they fit. A single sentence that does
+not fit is refused (:class:`SentenceTooLong`) only when it cannot fit the context at
+all; one that fits the context but needs more than ``max_new_frames`` (an operator's
+cap, below the context) goes alone, capped.
 
 How many frames a text needs is estimated from its token count
 (:attr:`FrameBudget.frames_per_text_token`, scaled by 1/speed); the default (16 frames =
@@ -49,8 +51,12 @@ class FrameBudget:
         return max(1, math.ceil(self.frames_per_text_token * text_tokens / speed))
 
     def fits(self, prompt_tokens: int, text_tokens: int, speed: float = 1.0) -> bool:
+        """Within the context and within the per-piece frame cap."""
         frames = self.frames_needed(text_tokens, speed)
-        return frames <= self.max_new_frames and prompt_tokens + frames < self.max_model_len
+        return frames <= self.max_new_frames and self.fits_context(prompt_tokens, text_tokens, speed)
+
+    def fits_context(self, prompt_tokens: int, text_tokens: int, speed: float = 1.0) -> bool:
+        return prompt_tokens + self.frames_needed(text_tokens, speed) < self.max_model_len
 
     def max_frames(self, prompt_tokens: int) -> int:
         """Frames a piece may generate (its prompt and frames within the context)."""
@@ -66,10 +72,12 @@ class SentenceTooLong(ValueError):
 @dataclass(frozen=True)
 class Planner(Generic[P]):
     """``prepare(text)`` -> a piece (prompt built), or None when nothing is left to say
-    (normalization dropped every character); ``fits(piece)`` -> within the budget."""
+    (normalization dropped every character); ``fits(piece)`` -> within the budget;
+    ``possible(piece)`` -> a sentence that does not fit may still go alone (default: never)."""
 
     prepare: Callable[[str], P | None]
     fits: Callable[[P], bool]
+    possible: Callable[[P], bool] = lambda piece: False
 
     def plan(self, text: str) -> list[P]:
         out: list[P] = []
@@ -93,7 +101,10 @@ class Planner(Generic[P]):
                     break
                 best, end = candidate, stop
             if end == start:
-                raise SentenceTooLong(parts[start])
+                alone = self.prepare(parts[start])
+                if not self.possible(alone):
+                    raise SentenceTooLong(parts[start])
+                best, end = alone, start + 1
             if best is not None:
                 out.append(best)
             start = end
