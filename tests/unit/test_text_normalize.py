@@ -71,3 +71,16 @@ def test_without_a_table_homophones_are_skipped(tmp_path, monkeypatch):
     norm = tn.build_normalizer(tmp_path)
     assert norm.describe()["homophones"] is False
     assert norm("粡") == "粡"
+
+
+def test_language_normalizers_are_optional_extras_named_in_the_error():
+    import importlib.util
+
+    from chattts_runtime.text.language import NormalizerUnavailable, load_language_normalizers
+
+    assert load_language_normalizers([]) == {}
+    with pytest.raises(NormalizerUnavailable, match="unknown language normalizer"):
+        load_language_normalizers(["espeak"])
+    if importlib.util.find_spec("tn") is None:
+        with pytest.raises(NormalizerUnavailable, match="WeTextProcessing"):
+            load_language_normalizers(["wetext"])

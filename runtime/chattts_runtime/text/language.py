@@ -22,7 +22,7 @@ def _wetext() -> Callable[[str], str]:
     except ImportError as err:
         raise NormalizerUnavailable("text.language_normalizers has 'wetext' but WeTextProcessing is not "
                                     "installed (pip install WeTextProcessing)") from err
-    return Normalizer(remove_erhua=False, remove_interjections=False).normalize
+    return Normalizer(remove_interjections=False).normalize
 
 
 def _nemo() -> Callable[[str], str]:
