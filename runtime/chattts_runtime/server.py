@@ -98,7 +98,9 @@ def build_app(holder: "ServiceHolder"):
             raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise APIError(400, "request body must be a JSON object", code="invalid_json")
-        synthesis = service.prepare(parse_speech_request(payload))
+        # The text front-end tokenizes every piece of a long input (tens of ms for 4,096
+        # characters, bench/results/text-frontend-*): off the event loop.
+        synthesis = await asyncio.to_thread(service.prepare, parse_speech_request(payload))
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:

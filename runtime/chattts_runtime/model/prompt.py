@@ -56,6 +56,7 @@ class PromptTokenizer:
         self._has_speed = all(f"[speed_{i}]" in vocab for i in range(10))
         self._unk_id = self._tok.unk_token_id
         self._known: dict[str, bool] = {}
+        self._fixed: dict[str, tuple[int, ...]] = {}  # the control-token head and tail (a few strings)
 
     def knows_character(self, char: str) -> bool:
         """Whether ``char`` alone tokenizes without [UNK] (the checkpoint's vocabulary decides)."""
@@ -73,7 +74,17 @@ class PromptTokenizer:
         # Control tokens typed by a user would steer the model: strip them from the text.
         for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
             text = text.replace(token, "")
-        body = self._tok.encode(text.strip(), add_special_tokens=False)
-        head = self._tok.encode(f"[Stts]{speaker_tag}{speed_tag}", add_special_tokens=False)
-        tail = self._tok.encode("[Ptts]", add_special_tokens=False)
-        return Prompt(tuple(head + body + tail), len(body))
+        body = self._encode(text.strip())
+        head = self._encode_fixed(f"[Stts]{speaker_tag}{speed_tag}")
+        return Prompt(head + body + self._encode_fixed("[Ptts]"), len(body))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        # The Rust tokenizer itself: the same ids as ``encode(add_special_tokens=False)``
+        # without the wrapper's per-call cost (long inputs tokenize every piece, some twice).
+        return tuple(self._tok.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _encode_fixed(self, text: str) -> tuple[int, ...]:
+        ids = self._fixed.get(text)
+        if ids is None:
+            ids = self._fixed[text] = self._encode(text)
+        return ids
