@@ -25,7 +25,7 @@ EN = "ChatTTS is a text-to-speech model designed for dialogue! It supports Engli
 ZH = "ChatTTS是一款强大的对话式文本转语音模型。它有中英混读和多说话人的能力！你觉得怎么样？"
 TEXTS = {
     "en-short (26 chars)": "Hello! It's 3 o'clock: ok?",
-    "zh-short (21 chars)": "你好，世界。我们是中文语音合成！",
+    "zh-short (16 chars)": "你好，世界。我们是中文语音合成！",
     "mixed-500": ((EN + ZH) * 10)[:500],
     "en-2448 (the issue's length)": (EN * 30)[:2448],
     "zh-2000": (ZH * 50)[:2000],
