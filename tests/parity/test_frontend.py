@@ -141,9 +141,9 @@ def test_without_normalization_ids_equal_upstreams_raw_prompt(upstream_side, fro
     assert list(piece.prompt.input_ids) == upstream_ids(text)
 
 
-def test_issue_example_is_22_tokens_as_upstream(upstream_side, frontend):
-    """The issue's example: 26 prompt tokens before normalization, 22 as upstream (real vocabulary
-    there); with the test vocabulary the counts differ, the equality does not."""
+def test_issue_example_normalizes_as_upstream(upstream_side, frontend):
+    """The issue's example (26 prompt tokens here before, 22 upstream, with the real vocabulary):
+    the same normalized text and ids; with the test vocabulary the counts differ, not the equality."""
     chat, upstream_ids = upstream_side
     text = "Hello! It's 3 o'clock: ok?"
     (normed,) = upstream_pieces_and_texts(chat, text)
