@@ -121,9 +121,25 @@ class GenerationSettings(_Strict):
     warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
 
 
+class TextSettings(_Strict):
+    """The text front-end (``chattts_runtime.text``): normalization and long-input splitting."""
+
+    normalize: bool = Field(True, description="Default of the request's `normalize` (upstream's default: on).")
+    homophones: bool = Field(True, description="Replace rare Chinese characters by homophones when a table is found.")
+    homophones_map: str | None = Field(
+        None, description="homophones_map.json to use; default: the checkpoint dir, else an installed chattts package.")
+    language_normalizers: list[Literal["wetext", "nemo"]] = Field(
+        default_factory=list, description="Optional extras that spell out numbers: wetext (zh), nemo (en).")
+    drop_unknown_characters: bool = Field(
+        False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
+    frames_per_text_token: float = Field(
+        16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
+
+
 class RuntimeConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    text: TextSettings = Field(default_factory=TextSettings)
     engine_kind: EngineKind = EngineKind.VLLM
     engine: EngineSettings = Field(default_factory=EngineSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)

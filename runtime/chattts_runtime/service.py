@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
@@ -22,6 +22,7 @@ from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
+from chattts_runtime.longform import chain_pieces
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
@@ -82,6 +83,8 @@ class SpeechRequest(BaseModel):
     # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
     speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
     speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
+    normalize: bool | None = None  # upstream's text normalization; default from text.normalize
+    lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 
     @property
     def streaming(self) -> bool:
@@ -110,6 +113,12 @@ class Synthesis:
     speed: float = 1.0
     refined_text: str | None = None  # set by SpeechService.refine
     sample: VoiceSample | None = None  # a voice from a reference clip
+    more: tuple[SynthesisRequest, ...] = ()  # the following pieces of a long input, in order
+    texts: tuple[str, ...] = ()  # each piece's text as the tokenizer read it
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt_ids) for r in (self.request, *self.more))
 
 
 class SpeechService:
@@ -128,6 +137,9 @@ class SpeechService:
         self._refine_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-refine")
         self._refiner = None
         self._cuda_stream = None
+        from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
+
+        self.frontend = FrontEnd.from_config(config, model.tokenizer)
         metrics.bind_engine(engine)
 
     @property
@@ -165,18 +177,40 @@ class SpeechService:
             raise APIError(400, str(err), param=err.param) from None
         if sample is not None:
             speaker = None  # as upstream with spk_smp and no spk_emb: [empty_spk] + the clip's codes
-        prompt_ids, params = self._code_prompt(req, req.input, req.speed, sample)
+        pieces = self._text_pieces(req, with_speaker=sample is None)
         hidden = pipeline.want_hidden
-        request = SynthesisRequest(
-            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
-            params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
-            # Engines that decode audio in their own loop do it for streams (same windows as ours).
-            want_audio=req.streaming and not hidden and self.engine.decodes_audio)
-        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse",
-                         pipeline=pipeline, text=req.input, speed=req.speed, sample=sample)
+        requests = []
+        for index, piece in enumerate(pieces):
+            prompt_ids, params = self._code_prompt(req, piece.text, req.speed, sample, index, piece.max_frames)
+            requests.append(SynthesisRequest(
+                request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
+                params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
+                # Engines that decode audio in their own loop do it for streams (same windows as ours).
+                want_audio=req.streaming and not hidden and self.engine.decodes_audio))
+        return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
+                         pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
+                         more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
 
-    def _code_prompt(self, req: SpeechRequest, text: str, speed: float,
-                     sample: VoiceSample | None) -> tuple[tuple[int, ...], SamplingParams]:
+    def _text_pieces(self, req: SpeechRequest, *, with_speaker: bool):
+        """Normalize and cut the input (``chattts_runtime.text``); 400 when nothing or one sentence can't fit."""
+        from chattts_runtime.text.frontend import NothingToSay  # noqa: PLC0415
+        from chattts_runtime.text.split import SentenceTooLong  # noqa: PLC0415
+
+        normalize = self.config.text.normalize if req.normalize is None else req.normalize
+        try:
+            return self.frontend.pieces(req.input, normalize=normalize, lang=req.lang,
+                                        with_speaker=with_speaker, speed=req.speed)
+        except NothingToSay as err:
+            raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
+        except SentenceTooLong as err:
+            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
+                           f"with the audio it needs: split it with punctuation", param="input",
+                           code="sentence_too_long") from None
+
+    def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
+                     index: int = 0, piece_frames: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+        """One piece's audio prompt and sampling; ``index`` offsets a fixed seed so every piece of a
+        long input gets its own draw; ``piece_frames`` is the front-end's frame budget for the piece."""
         prompt = self.model.tokenizer.build(text, with_speaker=sample is None, speed=speed,
                                             sample_text="" if sample is None else sample.text)
         length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
@@ -185,20 +219,29 @@ class SpeechService:
             raise APIError(400, f"input is {length} tokens: too long for max_model_len "
                            f"{self.config.engine.max_model_len}", param="input")
         try:
-            return prompt.input_ids, code_sampling(req, self.config, max_frames)
+            params = code_sampling(req, self.config, max_frames)
         except ControlError as err:
             raise APIError(400, str(err), param=err.param) from None
+        frames = params.max_new_frames if piece_frames is None else min(params.max_new_frames, piece_frames)
+        params = replace(params, max_new_frames=max(frames, params.min_new_frames),
+                         seed=None if params.seed is None else params.seed + index)
+        return prompt.input_ids, params
 
     async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
-        """Upstream's refine-text pass, when the request runs it: the audio pass then reads its text."""
+        """Upstream's refine-text pass, when the request runs it, piece by piece (upstream refines each
+        text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
         refiner = self._text_refiner()
-        refined = await asyncio.get_running_loop().run_in_executor(
-            self._refine_pool, refiner.refine, synthesis.text, synthesis.pipeline.refine)
-        synthesis.refined_text = synthesis.text = refined.text
-        synthesis.request.prompt_ids, synthesis.request.params = self._code_prompt(
-            req, refined.text, synthesis.speed, synthesis.sample)
+        loop = asyncio.get_running_loop()
+        refined_texts = []
+        for index, (request, text) in enumerate(zip((synthesis.request, *synthesis.more), synthesis.texts)):
+            refined = await loop.run_in_executor(self._refine_pool, refiner.refine, text, synthesis.pipeline.refine)
+            refined_texts.append(refined.text)
+            request.prompt_ids, request.params = self._code_prompt(
+                req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
+        synthesis.texts = tuple(refined_texts)
+        synthesis.refined_text = synthesis.text = " ".join(refined_texts)
 
     async def run_model(self, fn, *args):
         """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""
@@ -218,7 +261,8 @@ class SpeechService:
             raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         synthesis.request.arrival = time.monotonic()
         try:
-            return self.engine.submit(synthesis.request)
+            first = self.engine.submit(synthesis.request)
+            return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
         except QueueFull as err:
             self.metrics.requests.labels("rejected").inc()
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",

@@ -29,8 +29,12 @@ DVAE_WEIGHTS = "asset/DVAE.safetensors"
 DECODER_WEIGHTS = "asset/Decoder.safetensors"
 VOCOS_WEIGHTS = "asset/Vocos.safetensors"
 TOKENIZER_DIR = "asset/tokenizer"
-# Optional speaker statistics (std then mean, 2 * hidden floats), as in older official releases.
+# Speaker statistics (std then mean, 2 * hidden floats): the older official layout's torch file,
+# or a safetensors file ('spk_stat'), which our random checkpoints write. The current official
+# layout has neither (see model/speaker.py for where they come from then).
+SPEAKER_STATS_PT = "asset/spk_stat.pt"
 SPEAKER_STATS = "asset/spk_stat.safetensors"
+SPEAKER_STAT_FILES = (SPEAKER_STATS_PT, SPEAKER_STATS)
 RUNTIME_SIZES = "chattts_runtime.json"
 
 SAMPLE_RATE = 24_000
