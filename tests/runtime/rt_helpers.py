@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import socket
 import subprocess
 import time
 from pathlib import Path

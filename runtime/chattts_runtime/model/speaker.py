@@ -22,10 +22,14 @@ import importlib.util
 import lzma
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from chattts_runtime.model.config import SPEAKER_STAT_FILES
+
+if TYPE_CHECKING:
+    import torch
 
 PRESET_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
                  "shimmer", "verse")
