@@ -55,3 +55,12 @@ class RuntimeMetrics:
         """Gauges read the engine's queue at scrape time."""
         self.waiting.set_function(lambda: engine.num_waiting)
         self.running.set_function(lambda: engine.num_running)
+
+
+def outcome_of_status(status: int) -> str:
+    """``chattts_requests_total`` status of a request answered with an error status."""
+    if status in (429, 503):
+        return "rejected"  # at capacity, loading, draining: the server declined the work
+    if 400 <= status < 500:
+        return "client_error"
+    return "error"

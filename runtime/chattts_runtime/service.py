@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
+from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
+from chattts_runtime.limits import quote
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
@@ -28,20 +30,7 @@ log = logging.getLogger(__name__)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-
-
-class APIError(Exception):
-    """An error with an HTTP status, rendered in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, err_type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.err_type, self.headers = err_type, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+INT32_MAX = 2**31 - 1
 
 
 class SpeechRequest(BaseModel):
@@ -54,18 +43,18 @@ class SpeechRequest(BaseModel):
     voice: str
     response_format: str = "wav"
     speed: float = 1.0
-    stream: bool = False
+    stream: bool | None = None  # None (unset): streamed, as OpenAI's endpoint; false: one whole body
     stream_format: Literal["audio", "sse"] | None = None
     instructions: str | None = None  # accepted for compatibility; ChatTTS has no instruction input
     # Extensions (not in OpenAI's API):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = None
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # what a torch generator takes
 
     @property
     def streaming(self) -> bool:
-        return self.stream or self.stream_format is not None
+        return self.stream is not False or self.stream_format is not None
 
 
 def parse_speech_request(payload: object) -> SpeechRequest:
@@ -110,7 +99,7 @@ class SpeechService:
 
     def prepare(self, req: SpeechRequest) -> Synthesis:
         if req.model not in self.model_names:
-            raise APIError(404, f"model {req.model!r} is not served here; use {self.config.model.served_name!r}",
+            raise APIError(404, f"model {quote(req.model)} is not served here; use {self.config.model.served_name!r}",
                            param="model", code="model_not_found")
         if not req.input.strip():
             raise APIError(400, "input is empty", param="input")
@@ -126,6 +115,9 @@ class SpeechService:
             raise APIError(400, str(err), param="response_format") from None
         from chattts_runtime.model.speaker import SpeakerError  # noqa: PLC0415
 
+        if len(req.voice) > self.config.server.max_voice_chars:
+            raise APIError(400, f"voice is {len(req.voice)} characters; the limit is "
+                           f"{self.config.server.max_voice_chars}", param="voice")
         try:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
@@ -162,7 +154,6 @@ class SpeechService:
         try:
             return self.engine.submit(synthesis.request)
         except QueueFull as err:
-            self.metrics.requests.labels("rejected").inc()
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
         except EngineStopped:
@@ -200,8 +191,10 @@ class SpeechService:
             self.metrics.audio_seconds.inc(seconds)
             self.metrics.rtf.observe((time.monotonic() - arrival) / seconds)
 
-    async def synthesize(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk]) -> np.ndarray:
-        """Whole-utterance path: all frames, then one decode."""
+    async def synthesize(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk], *,
+                         record: bool = True) -> np.ndarray:
+        """Whole-utterance path: all frames, then one decode. Counted ``ok`` when ``record``; other
+        outcomes (errors, a client that left) are counted by the caller that sees them."""
         req = synthesis.request
         hidden = req.want_hidden
         parts: list[np.ndarray] = []
@@ -209,14 +202,14 @@ class SpeechService:
         try:
             async for chunk in stream:
                 if chunk.error:
-                    self.metrics.requests.labels("error").inc()
                     raise APIError(500, f"generation failed: {chunk.error}", err_type="server_error")
                 if len(chunk.codes):
                     parts.append(self._frames_of(chunk, hidden))
             frames = np.concatenate(parts) if parts else np.zeros((0, 1))
             audio = await self._in_pool(self._decode_frames, frames) if len(frames) else np.zeros(0, np.float32)
-            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
-            self._finish(req.arrival, len(audio), "ok")
+            if record:
+                self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                self._finish(req.arrival, len(audio), "ok")
             return audio
         finally:
             self.in_flight -= 1
@@ -272,7 +265,7 @@ class SpeechService:
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
             repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0))
         synthesis = Synthesis(request, "wav", False, False)
-        await self.synthesize(synthesis, self.engine.submit(request))
+        await self.synthesize(synthesis, self.engine.submit(request), record=False)  # not a user request
 
     async def close(self) -> None:
         await self.engine.stop()
