@@ -176,11 +176,10 @@ def build_app(holder: "ServiceHolder"):
                     continue
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
                 yield f"data: {json.dumps(event)}\n\n"
+            frames_out = -(-total // service.model.sizes.samples_per_frame)  # the last frame is half sent
             done = {"type": "speech.audio.done",
-                    "usage": {"input_tokens": len(synthesis.request.prompt_ids),
-                              "output_tokens": total // service.model.sizes.samples_per_frame,
-                              "total_tokens": len(synthesis.request.prompt_ids)
-                              + total // service.model.sizes.samples_per_frame}}
+                    "usage": {"input_tokens": len(synthesis.request.prompt_ids), "output_tokens": frames_out,
+                              "total_tokens": len(synthesis.request.prompt_ids) + frames_out}}
             yield f"data: {json.dumps(done)}\n\n"
 
         if synthesis.sse:
