@@ -122,7 +122,7 @@ def build_app(holder: "ServiceHolder"):
         except ClientDisconnect:
             holder.count_outcome(request.url.path, "aborted")
             return Response(status_code=400)  # nobody reads it
-        payload = parse_json_object(raw, max_depth=limits.max_json_depth)
+        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         # Off the event loop: decoding a speaker string and tokenizing are CPU work of their own.
         synthesis = await asyncio.to_thread(service.prepare, parse_speech_request(payload))
@@ -269,6 +269,7 @@ class ServiceHolder:
         self.started = int(time.time())
         self.on_fatal = None  # set by the runner: called when loading fails
         self._load_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         self.grace_expired = asyncio.Event()
         self.unfinished_at_expiry = 0  # requests still running when the shutdown grace ran out
 
@@ -333,8 +334,10 @@ class ServiceHolder:
         class _Lifespan:
             async def __aenter__(self):
                 holder._load_task = asyncio.create_task(holder._load())
+                holder._lag_task = asyncio.create_task(holder.metrics.watch_loop_lag())
 
             async def __aexit__(self, *exc):
+                holder._lag_task.cancel()
                 if holder._load_task is not None and not holder._load_task.done():
                     holder._load_task.cancel()
                 if holder.service is not None:
