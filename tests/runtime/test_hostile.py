@@ -248,3 +248,22 @@ def test_grace_expiry_answers_503_in_openai_shape_and_exits_non_zero(start_serve
     assert_openai_error(r, 503, code="shutdown_timeout")
     assert r.json()["error"]["type"] == "server_error"
     assert srv.proc.wait(timeout=30) != 0
+
+
+def test_unknown_fields_warned_or_refused_and_declared_extensions_pass(server, start_server, endless_checkpoint):
+    from chattts_runtime.service import SpeechRequest
+
+    extensions = {"temperature": 0, "top_p": 0.5, "top_k": 5, "seed": 1, "stream": False}
+    assert set(extensions) <= set(SpeechRequest.model_fields)
+    with server.client() as c:
+        r = speech(c, input="hi", response_format="pcm", bogus="\r\nX-Injected: 1", **extensions)
+        assert r.status_code == 200 and r.headers["x-chattts-ignored-fields"] == "bogus"
+        assert "x-injected" not in r.headers
+        assert "x-chattts-ignored-fields" not in speech(c, input="hi", response_format="pcm", **extensions).headers
+    assert "ignored unknown field(s) bogus" in server.log()
+    strict = start_server({"server": {"unknown_fields": "reject"}}, checkpoint=endless_checkpoint)
+    with strict.client() as c:
+        err = assert_openai_error(speech(c, input="hi", bogus=1, **extensions), 400, param="bogus",
+                                  code="unknown_field")
+        assert "bogus" in err["message"]
+        assert speech(c, input="hi", response_format="pcm", **extensions).status_code == 200
