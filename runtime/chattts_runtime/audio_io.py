@@ -26,7 +26,7 @@ ENCODED_FORMATS = {  # response_format -> (container, codec, output sample rate)
 ALL_FORMATS = NATIVE_FORMATS + tuple(ENCODED_FORMATS)
 CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
                  "opus": "audio/ogg", "aac": "audio/aac"}
-STREAMABLE_FORMATS = NATIVE_FORMATS  # encoded formats are returned whole
+STREAMABLE_FORMATS = ALL_FORMATS  # encoded formats stream too (AudioEncoder)
 
 
 class UnsupportedFormat(ValueError):
@@ -43,7 +43,7 @@ def _pyav():
 
 def check_format(fmt: str, stream: bool) -> None:
     if fmt not in ALL_FORMATS:
-        raise UnsupportedFormat(f"response_format must be one of {', '.join(ALL_FORMATS)}; got {fmt!r}")
+        raise UnsupportedFormat(f"response_format must be one of {', '.join(ALL_FORMATS)}; got {fmt[:40]!r}")
     if fmt in ENCODED_FORMATS:
         av = _pyav()
         if av is None:
@@ -52,9 +52,6 @@ def check_format(fmt: str, stream: bool) -> None:
         if ENCODED_FORMATS[fmt][1] not in av.codecs_available:
             raise UnsupportedFormat(f"response_format {fmt!r}: this FFmpeg build has no "
                                     f"{ENCODED_FORMATS[fmt][1]} encoder; use wav or pcm")
-        if stream:
-            raise UnsupportedFormat(f"streaming is available for {', '.join(STREAMABLE_FORMATS)} only; "
-                                    f"request {fmt!r} without stream")
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
@@ -72,30 +69,102 @@ def wav_header(num_samples: int | None) -> bytes:
 
 
 def encode(samples: np.ndarray, fmt: str) -> bytes:
+    """A whole response: exact lengths in the WAV header; PyAV may seek back to finish its headers."""
     if fmt == "pcm":
         return to_pcm16(samples)
     if fmt == "wav":
         return wav_header(len(samples)) + to_pcm16(samples)
-    return _encode_av(samples, fmt)
+    encoder = AudioEncoder(fmt, seekable=True)
+    return encoder.push(samples) + encoder.finish()
 
 
-def _encode_av(samples: np.ndarray, fmt: str) -> bytes:
-    av = _pyav()
-    container_fmt, codec, rate = ENCODED_FORMATS[fmt]
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format=container_fmt) as container:
-        stream = container.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)[None, :]
-        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=rate)
-        for resampled in resampler.resample(frame) + resampler.resample(None):
-            for packet in stream.encode(resampled):
-                container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return buf.getvalue()
+class _Sink:
+    """A write-only file for PyAV: no ``seek``, so muxers write as they go and never go back."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+class AudioEncoder:
+    """Samples in, response bytes out as soon as they are ready: one encoder per response.
+
+    ``wav``/``pcm`` are written here (a streamed WAV header has unknown sizes, as
+    ``wav_header(None)``); ``flac``/``mp3``/``opus``/``aac`` go through PyAV, which
+    encodes and muxes incrementally: each :meth:`push` returns the container bytes its
+    samples completed (Ogg pages are cut every 20 ms of audio so Opus is not held back a
+    second). ``seekable`` (whole responses) lets PyAV rewrite headers at the end, so
+    bytes then come from :meth:`finish` only. Not thread-safe; a stream's pushes are
+    sequential.
+    """
+
+    OGG_PAGE_MICROSECONDS = "20000"
+
+    def __init__(self, fmt: str, *, seekable: bool = False):
+        self.fmt = fmt
+        self._header_due = fmt == "wav"
+        self._container = None
+        if fmt not in ENCODED_FORMATS:
+            return
+        av = _pyav()
+        container_fmt, codec, rate = ENCODED_FORMATS[fmt]
+        self._file = io.BytesIO() if seekable else _Sink()
+        options = {} if seekable else {"flush_packets": "1"}
+        if container_fmt == "ogg" and not seekable:
+            options["page_duration"] = self.OGG_PAGE_MICROSECONDS
+        self._container = av.open(self._file, mode="w", format=container_fmt, options=options)
+        self._stream = self._container.add_stream(codec, rate=rate)
+        self._stream.layout = "mono"
+        self._av = av
+        self._pts = 0
+
+    def push(self, samples: np.ndarray) -> bytes:
+        if self._container is None:
+            data = to_pcm16(samples)
+            if self._header_due:
+                data, self._header_due = wav_header(None) + data, False
+            return data
+        if len(samples):
+            pcm = (np.clip(np.nan_to_num(samples, nan=0.0), -1.0, 1.0) * 32767.0).astype(np.int16)[None, :]
+            frame = self._av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+            frame.sample_rate = SAMPLE_RATE
+            frame.pts = self._pts
+            self._pts += pcm.shape[1]
+            self._mux(self._stream.encode(frame))
+        return self._written()
+
+    def finish(self) -> bytes:
+        if self._container is None:
+            return wav_header(None) if self._header_due else b""
+        self._mux(self._stream.encode(None))
+        self._container.close()
+        self._container = None
+        if isinstance(self._file, io.BytesIO):
+            return self._file.getvalue()
+        return self._file.take()
+
+    def close(self) -> None:
+        """Release the encoder (a stream its client left); nothing more is written."""
+        if self._container is not None:
+            container, self._container = self._container, None
+            try:
+                container.close()
+            except Exception:  # noqa: BLE001  (a half-written container: only its memory matters)
+                pass
+
+    def _mux(self, packets) -> None:
+        for packet in packets:
+            self._container.mux(packet)
+
+    def _written(self) -> bytes:
+        return b"" if isinstance(self._file, io.BytesIO) else self._file.take()
 
 
 @dataclass(frozen=True)

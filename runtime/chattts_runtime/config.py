@@ -97,6 +97,20 @@ class ServerSettings(_Strict):
     max_queue: int = Field(256, ge=1, description="Requests waiting beyond running ones; more get 429.")
     max_input_chars: int = Field(4096, ge=1)
     shutdown_grace_seconds: float = Field(30.0, ge=0)
+    # Hostile or careless clients (see the runtime README, "Limits"):
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger bodies get 413, from Content-Length "
+                                "before reading when the client sends one.")
+    body_timeout_seconds: float = Field(10.0, gt=0, description="A body not received in this time gets 408.")
+    max_json_depth: int = Field(16, ge=2, description="Deeper JSON nesting gets 400.")
+    max_voice_chars: int = Field(4096, ge=16, description="Longer voice strings get 400 before decoding.")
+    unknown_fields: Literal["warn", "reject"] = Field(
+        "warn", description="Fields SpeechRequest does not declare: warn = ignored, named in a warning log "
+        "line and the X-ChatTTS-Ignored-Fields header; reject = 400 naming the field.")
+    api_keys_path: str | None = Field(
+        None, description="File or directory (a mounted Kubernetes Secret) of API keys; when set, /v1/* "
+        "needs 'Authorization: Bearer <key>'. Unset: the API is open.")
+    api_keys_reload_seconds: float = Field(2.0, gt=0, description="How often the key files are checked "
+                                           "for changes (re-read without a restart).")
 
 
 class GenerationSettings(_Strict):

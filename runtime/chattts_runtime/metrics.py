@@ -11,8 +11,12 @@
 | ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
 | ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
 | ``chattts_engine_steps_total`` | counter | generation steps run by the engine |
+| ``chattts_event_loop_lag_seconds`` | histogram | how late the speech server's event loop runs a timer (sampled every 20 ms): what a blocked loop costs every client |
 """
 from __future__ import annotations
+
+import asyncio
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -20,6 +24,8 @@ from chattts_runtime.engines.base import SynthesisRequest
 
 _WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LAG_SAMPLE_SECONDS = 0.02
 _RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
 
 
@@ -43,6 +49,15 @@ class RuntimeMetrics:
         self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio produced.", registry=r)
         self.requests = Counter("chattts_requests", "Finished requests by outcome.", ["status"], registry=r)
         self.steps = Counter("chattts_engine_steps", "Generation steps run by the engine.", registry=r)
+        self.loop_lag = Histogram("chattts_event_loop_lag_seconds", "How late the event loop runs a timer.",
+                                  buckets=_LAG_BUCKETS, registry=r)
+
+    async def watch_loop_lag(self, interval: float = LAG_SAMPLE_SECONDS) -> None:
+        """Runs until cancelled: each sleep's overshoot is time the loop could not serve anyone."""
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(interval)
+            self.loop_lag.observe(max(0.0, time.monotonic() - start - interval))
 
     def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
         self.deadline_wait.observe(max(0.0, wait_seconds))
@@ -55,3 +70,12 @@ class RuntimeMetrics:
         """Gauges read the engine's queue at scrape time."""
         self.waiting.set_function(lambda: engine.num_waiting)
         self.running.set_function(lambda: engine.num_running)
+
+
+def outcome_of_status(status: int) -> str:
+    """``chattts_requests_total`` status of a request answered with an error status."""
+    if status in (429, 503):
+        return "rejected"  # at capacity, loading, draining: the server declined the work
+    if 400 <= status < 500:
+        return "client_error"
+    return "error"

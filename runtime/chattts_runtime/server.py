@@ -32,6 +32,15 @@ def _error_response(err) -> Any:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+SPEECH_PATH = "/v1/audio/speech"
+
+
+def speech_openapi(model) -> dict:
+    """The speech route's body in the OpenAPI document (the route parses it by hand, for OpenAI-shaped errors)."""
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
 def build_app(holder: "ServiceHolder"):
     from fastapi import FastAPI, Request  # noqa: PLC0415
     from fastapi.exceptions import RequestValidationError  # noqa: PLC0415
@@ -39,24 +48,40 @@ def build_app(holder: "ServiceHolder"):
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
     from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: PLC0415
 
-    from chattts_runtime.audio_io import CONTENT_TYPES, to_pcm16, wav_header  # noqa: PLC0415
+    from starlette.requests import ClientDisconnect  # noqa: PLC0415
+
+    from chattts_runtime.abandon import Stopped, client_disconnected, unless  # noqa: PLC0415
+    from chattts_runtime.audio_io import CONTENT_TYPES, AudioEncoder  # noqa: PLC0415
     from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
-    from chattts_runtime.service import APIError, parse_speech_request  # noqa: PLC0415
+    from chattts_runtime.auth import APIKeys, BearerAuth  # noqa: PLC0415
+    from chattts_runtime.limits import names_for_header, parse_json_object, read_body, unknown_fields  # noqa: PLC0415
+    from chattts_runtime.service import APIError, SpeechRequest, parse_speech_request  # noqa: PLC0415
 
     app = FastAPI(title="chattts-runtime", lifespan=holder.lifespan)
+    limits = holder.config.server
+    if limits.api_keys_path:
+        keys = APIKeys(limits.api_keys_path, limits.api_keys_reload_seconds)
+        app.add_middleware(BearerAuth, keys=keys, on_refused=holder.count_refused)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, err: APIError):
+    async def _api_error(request: Request, err: APIError):
+        holder.count_error(request.url.path, err)
         return _error_response(err)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception):
+        log.exception("unexpected error answering %s", request.url.path)
+        return await _api_error(request, APIError(500, f"internal error ({type(err).__name__})",
+                                                  err_type="server_error"))
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, err: StarletteHTTPException):
-        return _error_response(APIError(err.status_code, str(err.detail), code="not_found"
-                                        if err.status_code == 404 else None))
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        return await _api_error(request, APIError(err.status_code, str(err.detail), code="not_found"
+                                                  if err.status_code == 404 else None))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, err: RequestValidationError):
-        return _error_response(APIError(400, str(err.errors()[0].get("msg", "invalid request"))))
+    async def _validation_error(request: Request, err: RequestValidationError):
+        return await _api_error(request, APIError(400, str(err.errors()[0].get("msg", "invalid request"))))
 
     @app.get("/health")
     async def health():
@@ -94,19 +119,20 @@ def build_app(holder: "ServiceHolder"):
         if service.model.encoder is None:
             raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
                            "sample are not available", code="no_voice_encoder")
-        raw = await request.body()
-        if len(raw) > voice_api.MAX_BODY_BYTES:
-            raise APIError(413, f"body is {len(raw)} bytes; the limit is {voice_api.MAX_BODY_BYTES}",
-                           code="body_too_large")
         try:
-            samples = voice_api.clip_from_payload(json.loads(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
+            raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                  max_bytes=voice_api.MAX_BODY_BYTES, timeout=limits.body_timeout_seconds)
+        except ClientDisconnect:
+            holder.count_outcome(request.url.path, "aborted")
+            return Response(status_code=400)  # nobody reads it
+        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
+        try:
+            samples = voice_api.clip_from_payload(payload)
         except voice_api.VoiceError as err:
             raise APIError(400, str(err), param=err.param) from None
         return await service.run_model(voice_api.encode_clip, service.model, samples)
 
-    @app.post("/v1/audio/speech")
+    @app.post("/v1/audio/speech", openapi_extra=speech_openapi(SpeechRequest))
     async def speech(request: Request):
         service = holder.service
         if service is None or not service.ready:
@@ -116,71 +142,92 @@ def build_app(holder: "ServiceHolder"):
         if ctype != "application/json":
             raise APIError(415, f"Content-Type must be application/json; got {ctype or 'none'!r}",
                            code="unsupported_media_type")
-        raw = await request.body()
         try:
-            payload = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise APIError(400, f"request body is not valid JSON: {err}", code="invalid_json") from None
-        if not isinstance(payload, dict):
-            raise APIError(400, "request body must be a JSON object", code="invalid_json")
+            raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                  max_bytes=limits.max_body_bytes, timeout=limits.body_timeout_seconds)
+        except ClientDisconnect:
+            holder.count_outcome(request.url.path, "aborted")
+            return Response(status_code=400)  # nobody reads it
+        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
+        headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         speech_request = parse_speech_request(payload)
-        # The text front-end tokenizes every piece of a long input (tens of ms for 4,096
-        # characters, bench/results/text-frontend-*): off the event loop.
+        # Off the event loop: decoding a speaker string and the text front-end (it tokenizes every
+        # piece of a long input, tens of ms for 4,096 characters) are CPU work of their own.
         synthesis = await asyncio.to_thread(service.prepare, speech_request)
         await service.refine(synthesis, speech_request)
-        headers = refined_text_headers(synthesis.refined_text)
+        headers.update(refined_text_headers(synthesis.refined_text))
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:
+            async def whole() -> bytes:
+                try:
+                    audio = await service.synthesize(synthesis, frames)
+                finally:
+                    await frames.aclose()
+                return await asyncio.to_thread(service.encode, audio, fmt)
+
             try:
-                audio = await service.synthesize(synthesis, frames)
-            except BaseException:
-                await frames.aclose()
-                raise
-            body = await asyncio.to_thread(service.encode, audio, fmt)
+                body = await unless(whole(), {"client left": client_disconnected(request.receive),
+                                              "grace expired": holder.grace_expired.wait()})
+            except Stopped as stop:
+                if stop.reason == "client left":
+                    holder.count_outcome(request.url.path, "aborted")
+                    return Response(status_code=499)  # nobody reads it
+                raise APIError(503, "the server shut down before this request finished (shutdown grace "
+                               "period over); retry", err_type="server_error", code="shutdown_timeout") from None
             return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)
 
         audio_chunks = service.stream_audio(synthesis, frames)
 
-        async def audio_body():
-            header_sent = fmt != "wav"
+        async def encoded():
+            """The response's bytes as audio is produced (compressed formats encoded incrementally)."""
+            encoder = AudioEncoder(fmt)
             try:
                 async for samples in audio_chunks:
-                    data = to_pcm16(samples)
-                    if not header_sent:
-                        data, header_sent = wav_header(None) + data, True
-                    yield data
+                    yield await asyncio.to_thread(encoder.push, samples), len(samples)
+                tail = await asyncio.to_thread(encoder.finish)
+                if tail:
+                    yield tail, 0
             finally:
+                encoder.close()
                 await audio_chunks.aclose()
                 await frames.aclose()
 
+        async def audio_body():
+            async for data, _ in encoded():
+                if data:
+                    yield data
+
         async def sse_body():
-            header_sent = fmt != "wav"
             total = 0
-            try:
-                async for samples in audio_chunks:
-                    data = to_pcm16(samples)
-                    total += len(samples)
-                    if not header_sent:
-                        data, header_sent = wav_header(None) + data, True
-                    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-                    yield f"data: {json.dumps(event)}\n\n"
-                done = {"type": "speech.audio.done",
-                        "usage": {"input_tokens": synthesis.prompt_tokens,
-                                  "output_tokens": total // service.model.sizes.samples_per_frame,
-                                  "total_tokens": synthesis.prompt_tokens
-                                  + total // service.model.sizes.samples_per_frame}}
-                if synthesis.refined_text is not None:
-                    done["refined_text"] = synthesis.refined_text
-                yield f"data: {json.dumps(done)}\n\n"
-            finally:
-                await audio_chunks.aclose()
-                await frames.aclose()
+            async for data, samples in encoded():
+                total += samples
+                if not data:
+                    continue
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                yield f"data: {json.dumps(event)}\n\n"
+            frames_out = -(-total // service.model.sizes.samples_per_frame)  # the last frame is half sent
+            done = {"type": "speech.audio.done",
+                    "usage": {"input_tokens": synthesis.prompt_tokens, "output_tokens": frames_out,
+                              "total_tokens": synthesis.prompt_tokens + frames_out}}
+            if synthesis.refined_text is not None:
+                done["refined_text"] = synthesis.refined_text
+            yield f"data: {json.dumps(done)}\n\n"
 
         if synthesis.sse:
             return StreamingResponse(sse_body(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
         return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt], headers=headers)
+
+    def unknown_field_policy(names: list[str]) -> dict[str, str]:
+        """Refuse the request or name the ignored fields in a header (and a log line)."""
+        if not names:
+            return {}
+        listed = names_for_header(names)
+        if limits.unknown_fields == "reject":
+            raise APIError(400, f"unknown field(s): {listed}", param=names[0], code="unknown_field")
+        log.warning("speech request: ignored unknown field(s) %s", listed)
+        return {"X-ChatTTS-Ignored-Fields": listed}
 
     return app
 
@@ -198,6 +245,29 @@ class ServiceHolder:
         self.started = int(time.time())
         self.on_fatal = None  # set by the runner: called when loading fails
         self._load_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
+        self.grace_expired = asyncio.Event()
+        self.unfinished_at_expiry = 0  # requests still running when the shutdown grace ran out
+
+    def count_outcome(self, path: str, outcome: str) -> None:
+        if path == SPEECH_PATH:
+            self.metrics.requests.labels(outcome).inc()
+
+    def count_error(self, path: str, err) -> None:
+        from chattts_runtime.metrics import outcome_of_status  # noqa: PLC0415
+
+        self.count_outcome(path, outcome_of_status(err.status))
+
+    def count_refused(self, path: str) -> None:
+        """A request refused before routing (no valid API key)."""
+        self.count_outcome(path, "client_error")
+
+    def expire_grace(self) -> None:
+        """The shutdown grace is over: whole requests still waiting get 503, the exit code says so."""
+        self.unfinished_at_expiry = self.service.in_flight if self.service is not None else 0
+        if self.unfinished_at_expiry:
+            log.error("shutdown grace period over with %d request(s) unfinished", self.unfinished_at_expiry)
+        self.grace_expired.set()
 
     async def _load(self) -> None:
         from chattts_runtime.model import load_chattts  # noqa: PLC0415
@@ -240,8 +310,10 @@ class ServiceHolder:
         class _Lifespan:
             async def __aenter__(self):
                 holder._load_task = asyncio.create_task(holder._load())
+                holder._lag_task = asyncio.create_task(holder.metrics.watch_loop_lag())
 
             async def __aexit__(self, *exc):
+                holder._lag_task.cancel()
                 if holder._load_task is not None and not holder._load_task.done():
                     holder._load_task.cancel()
                 if holder.service is not None:
@@ -254,6 +326,9 @@ class ServiceHolder:
             self.service.draining = True
 
 
+GRACE_MARGIN_SECONDS = 1.0  # after our grace deadline, for the 503s to be written before uvicorn cancels
+
+
 def serve(config: RuntimeConfig) -> int:
     """Run until SIGTERM/SIGINT; in-flight requests get ``shutdown_grace_seconds`` to finish."""
     import uvicorn  # noqa: PLC0415
@@ -261,10 +336,16 @@ def serve(config: RuntimeConfig) -> int:
     holder = ServiceHolder(config)
     app = build_app(holder)
 
+    grace = config.server.shutdown_grace_seconds
+
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):  # noqa: ANN001
             # Readiness drops first so load balancers stop sending; uvicorn then stops accepting.
-            holder.begin_drain()
+            if not self.should_exit:
+                holder.begin_drain()
+                # Our own deadline, a little before uvicorn's: whole requests still waiting then get a
+                # 503 in OpenAI's shape (uvicorn would cancel them into a plain 500).
+                asyncio.get_running_loop().call_later(grace, holder.expire_grace)
             super().handle_exit(sig, frame)
             # uvicorn re-raises captured signals after shutdown (the process would die of SIGTERM);
             # a drained SIGTERM is how a pod normally ends, so it exits 0 instead.
@@ -274,11 +355,11 @@ def serve(config: RuntimeConfig) -> int:
 
     server = DrainingServer(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, log_level="info", access_log=False,
-        timeout_graceful_shutdown=config.server.shutdown_grace_seconds, lifespan="on"))
+        timeout_graceful_shutdown=grace + GRACE_MARGIN_SECONDS, lifespan="on"))
 
     def fatal() -> None:
         server.should_exit = True
 
     holder.on_fatal = fatal
     server.run()
-    return 1 if holder.failed else 0
+    return 1 if holder.failed or holder.unfinished_at_expiry else 0

@@ -23,6 +23,8 @@ from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_s
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.longform import chain_pieces
+from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
+from chattts_runtime.limits import quote
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
@@ -33,20 +35,7 @@ MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thous
 MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-
-
-class APIError(Exception):
-    """An error with an HTTP status, rendered in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, err_type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.err_type, self.headers = err_type, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+INT32_MAX = 2**31 - 1
 
 
 class SpeechRequest(BaseModel):
@@ -59,18 +48,18 @@ class SpeechRequest(BaseModel):
     voice: str
     response_format: str = "wav"
     speed: float = 1.0
-    stream: bool = False
+    stream: bool | None = None  # None (unset): streamed, as OpenAI's endpoint; false: one whole body
     stream_format: Literal["audio", "sse"] | None = None
     instructions: str | None = None  # accepted for compatibility; ChatTTS has no instruction input
     # Extensions (not in OpenAI's API):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = None
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # what a torch generator takes
     # Upstream ChatTTS's controls (chattts_runtime/controls.py; the runtime README documents them):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    min_new_tokens: int | None = Field(None, ge=0, description="audio frames (21.3 ms each)")
-    max_new_tokens: int | None = Field(None, ge=1, description="audio frames (21.3 ms each)")
+    min_new_tokens: int | None = Field(None, ge=0, le=INT32_MAX, description="audio frames (21.3 ms each)")
+    max_new_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="audio frames (21.3 ms each)")
     audio_decoder: Literal["decoder", "dvae"] | None = None
     refine_text: bool | None = None
     refine_prompt: str | None = Field(None, max_length=64)
@@ -79,7 +68,7 @@ class SpeechRequest(BaseModel):
     refine_break: int | None = Field(None, ge=0, le=7)
     refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
     refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
-    refine_top_k: int | None = Field(None, ge=0)
+    refine_top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
     speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
     speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
@@ -88,7 +77,7 @@ class SpeechRequest(BaseModel):
 
     @property
     def streaming(self) -> bool:
-        return self.stream or self.stream_format is not None
+        return self.stream is not False or self.stream_format is not None
 
 
 def parse_speech_request(payload: object) -> SpeechRequest:
@@ -150,7 +139,7 @@ class SpeechService:
 
     def prepare(self, req: SpeechRequest) -> Synthesis:
         if req.model not in self.model_names:
-            raise APIError(404, f"model {req.model!r} is not served here; use {self.config.model.served_name!r}",
+            raise APIError(404, f"model {quote(req.model)} is not served here; use {self.config.model.served_name!r}",
                            param="model", code="model_not_found")
         if not req.input.strip():
             raise APIError(400, "input is empty", param="input")
@@ -166,6 +155,9 @@ class SpeechService:
             raise APIError(400, str(err), param="response_format") from None
         from chattts_runtime.model.speaker import SpeakerError  # noqa: PLC0415
 
+        if len(req.voice) > self.config.server.max_voice_chars:
+            raise APIError(400, f"voice is {len(req.voice)} characters; the limit is "
+                           f"{self.config.server.max_voice_chars}", param="voice")
         try:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
@@ -264,7 +256,6 @@ class SpeechService:
             first = self.engine.submit(synthesis.request)
             return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
         except QueueFull as err:
-            self.metrics.requests.labels("rejected").inc()
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
         except EngineStopped:
@@ -303,8 +294,10 @@ class SpeechService:
             self.metrics.audio_seconds.inc(seconds)
             self.metrics.rtf.observe((time.monotonic() - arrival) / seconds)
 
-    async def synthesize(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk]) -> np.ndarray:
-        """Whole-utterance path: all frames, then one decode."""
+    async def synthesize(self, synthesis: Synthesis, stream: AsyncIterator[FrameChunk], *,
+                         record: bool = True) -> np.ndarray:
+        """Whole-utterance path: all frames, then one decode. Counted ``ok`` when ``record``; other
+        outcomes (errors, a client that left) are counted by the caller that sees them."""
         req = synthesis.request
         hidden = req.want_hidden
         parts: list[np.ndarray] = []
@@ -312,14 +305,14 @@ class SpeechService:
         try:
             async for chunk in stream:
                 if chunk.error:
-                    self.metrics.requests.labels("error").inc()
                     raise APIError(500, f"generation failed: {chunk.error}", err_type="server_error")
                 if len(chunk.codes):
                     parts.append(self._frames_of(chunk, hidden))
             frames = np.concatenate(parts) if parts else np.zeros((0, 1))
             audio = await self._in_pool(self._decode_frames, frames) if len(frames) else np.zeros(0, np.float32)
-            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
-            self._finish(req.arrival, len(audio), "ok")
+            if record:
+                self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                self._finish(req.arrival, len(audio), "ok")
             return audio
         finally:
             self.in_flight -= 1
@@ -376,7 +369,7 @@ class SpeechService:
             repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0),
             want_hidden=self.config.audio_decoder == "decoder")
         synthesis = Synthesis(request, "wav", False, False)
-        await self.synthesize(synthesis, self.engine.submit(request))
+        await self.synthesize(synthesis, self.engine.submit(request), record=False)  # not a user request
 
     async def close(self) -> None:
         await self.engine.stop()

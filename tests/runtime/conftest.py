@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,8 +19,7 @@ pytest.importorskip("torch", reason="the runtime tier needs torch (runtime extra
 httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
 
-from rt_helpers import REPO, RunningServer, merge, wait_ready  # noqa: E402
-from tests.support import free_port  # noqa: E402
+from rt_helpers import RunningServer, launch_server, tiny_server_config  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):
@@ -56,25 +54,9 @@ def start_server(tmp_path, tiny_checkpoint) -> Callable[..., RunningServer]:
     procs: list[subprocess.Popen] = []
 
     def start(overrides: dict[str, Any] | None = None, checkpoint: Path | None = None) -> RunningServer:
-        port = free_port()
-        config = merge({
-            "model": {"path": str(checkpoint or tiny_checkpoint)},
-            "engine_kind": "reference",
-            "device": "cpu",
-            "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_seconds": 30},
-            "generation": {"temperature": 0, "max_new_frames": 48, "refine_text": False},
-        }, overrides or {})
-        cfg_path = tmp_path / f"runtime-{port}.yaml"
-        cfg_path.write_text(yaml.safe_dump(config))
-        log_path = tmp_path / f"server-{port}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
-        proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
-                                stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, log_path)
-        return RunningServer(proc, url, log_path)
+        srv = launch_server(tiny_server_config(checkpoint or tiny_checkpoint, **(overrides or {})), tmp_path)
+        procs.append(srv.proc)
+        return srv
 
     yield start
     for proc in procs:

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 
 from chattts_runtime.engines.base import SynthesisRequest
+from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +52,48 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float 
             pass
         time.sleep(0.2)
     raise RuntimeError(f"server not ready after {timeout}s:\n{log_path.read_text()}")
+
+
+def launch_server(config: dict, workdir: Path) -> RunningServer:
+    """``chattts-runtime serve`` with ``config`` (its port set) as a subprocess, once ready; stop it by pid."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    port = config["server"]["port"]
+    cfg_path = workdir / f"runtime-{port}.yaml"
+    cfg_path.write_text(yaml.safe_dump(config))
+    log_path = workdir / f"server-{port}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
+    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
+                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log_path)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
+    return RunningServer(proc, url, log_path)
+
+
+def tiny_server_config(checkpoint: Path, **overrides) -> dict:
+    """The runtime tier's usual server: reference engine on CPU, loopback, greedy, short outputs."""
+    return merge({
+        "model": {"path": str(checkpoint)},
+        "engine_kind": "reference",
+        "device": "cpu",
+        "server": {"host": "127.0.0.1", "port": free_port(), "shutdown_grace_seconds": 30},
+        "generation": {"temperature": 0, "max_new_frames": 48, "refine_text": False},
+    }, overrides)
+
+
+def stop_server(server: RunningServer) -> None:
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait(timeout=30)
 
 
 def speech(client, **body):

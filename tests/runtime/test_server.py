@@ -124,9 +124,9 @@ def test_concurrent_requests_are_batched_and_metrics_parse(server):
     waits_before = sample(before, "vllm:scheduler_deadline_wait_seconds_count")
     texts = [f"concurrent request number {i}" for i in range(8)]
 
-    def one(text):
+    def one(text):  # whole responses: one decode each, the same alone as in a batch
         with server.client() as c:
-            return speech(c, input=text, response_format="pcm")
+            return speech(c, input=text, response_format="pcm", stream=False)
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(one, texts))
@@ -144,7 +144,7 @@ def test_concurrent_requests_are_batched_and_metrics_parse(server):
     assert sample(after, "chattts_time_to_first_audio_seconds_count") >= 8
     # same greedy audio alone as in the batch
     with server.client() as c:
-        alone = speech(c, input=texts[3], response_format="pcm")
+        alone = speech(c, input=texts[3], response_format="pcm", stream=False)
     assert alone.content == responses[3].content
 
 

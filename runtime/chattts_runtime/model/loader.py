@@ -80,7 +80,7 @@ class ChatTTSModel:
         elif looks_like_speaker_string(voice):
             vec = decode_speaker(voice, dim)
         else:
-            raise SpeakerError(f"unknown voice {voice!r}: use one of {', '.join(PRESET_VOICES)} "
+            raise SpeakerError(f"unknown voice {voice[:40]!r}: use one of {', '.join(PRESET_VOICES)} "
                                f"or a ChatTTS speaker embedding string")
         return torch.from_numpy(normalize_speaker(vec))
 

@@ -81,10 +81,16 @@ def encode_speaker(vector: np.ndarray) -> str:
 
 
 def decode_speaker(text: str, dim: int) -> np.ndarray:
+    want = dim * 2  # float16 values
+    # Never inflate past what a real embedding needs: a small LZMA bomb would otherwise fill memory.
+    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
     try:
-        raw = lzma.decompress(b16384_decode(text), format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+        raw = decompressor.decompress(b16384_decode(text), max_length=want + 1)
     except lzma.LZMAError:
         raise SpeakerError("speaker embedding string does not decompress") from None
+    if len(raw) != want:
+        raise SpeakerError(f"speaker embedding decompresses to {'more than ' if len(raw) > want else ''}"
+                           f"{min(len(raw), want)} bytes, the model needs {want} ({dim} float16 values)")
     vec = np.frombuffer(raw, dtype=np.float16).astype(np.float32)
     if vec.size != dim:
         raise SpeakerError(f"speaker embedding has {vec.size} values, the model needs {dim}")
