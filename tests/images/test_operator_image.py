@@ -38,6 +38,7 @@ def render_chart(release: str, namespace: str) -> list[dict]:
 
 def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
     """A kubeconfig holding only the ServiceAccount token, readable by the container's user."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     admin = yaml.safe_load(admin_kubeconfig.read_text())
     context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
     cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
