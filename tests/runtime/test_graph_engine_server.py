@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from rt_helpers import speech
 
 
@@ -12,11 +13,15 @@ def _pcm(srv, text: str, stream: bool) -> np.ndarray:
         return np.frombuffer(resp.content, dtype=np.int16)
 
 
-def test_graph_engine_serves_the_reference_audio(start_server):
+@pytest.mark.parametrize("path", ["dvae", "decoder"])
+def test_graph_engine_serves_the_reference_audio(start_server, path):
+    # Each engine's default audio path differs (decoder on the reference engine, dvae on the graph
+    # engine): both are set, so the engines are compared on the same path.
     texts = ["hello world, this is the graph engine", "short one"]
-    reference = start_server()
+    same_path = {"generation": {"audio_decoder": path}}
+    reference = start_server(same_path)
     expected = [_pcm(reference, t, stream) for t in texts for stream in (False, True)]
-    graph = start_server({"engine_kind": "graph"})
+    graph = start_server({"engine_kind": "graph", **same_path})
     got = [_pcm(graph, t, stream) for t in texts for stream in (False, True)]
     assert all(len(e) > 0 for e in expected)
     for e, g in zip(expected, got):
@@ -26,13 +31,14 @@ def test_graph_engine_serves_the_reference_audio(start_server):
     assert "engine graph ready" in graph.log()
 
 
-SEPARATE = {"engine_kind": "graph", "engine": {"process": "separate"}}
+DVAE = {"generation": {"audio_decoder": "dvae"}}  # the graph engine's default path, on both sides
+SEPARATE = {"engine_kind": "graph", "engine": {"process": "separate"}, **DVAE}
 
 
 def test_engine_in_its_own_process_serves_the_same_audio(start_server):
     """engine.process: separate moves the engine loop to a child process; nothing else changes."""
     texts = ["the engine runs in a process of its own", "short one"]
-    reference = start_server()
+    reference = start_server(DVAE)
     expected = [_pcm(reference, t, stream) for t in texts for stream in (False, True)]
     graph = start_server(SEPARATE)
     got = [_pcm(graph, t, stream) for t in texts for stream in (False, True)]
