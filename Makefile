@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: venv vllm-venv binaries test test-unit demo demo-down cluster-up cluster-down crds bench
+.PHONY: venv vllm-venv binaries lint test test-unit demo demo-down cluster-up cluster-down crds bench
 
 venv:
 	hack/setup-venv.sh
@@ -18,11 +18,18 @@ crds: venv
 	$(PY) -m chattts_operator.crdgen
 	deploy/helm/chattts-operator/hack/sync-crds.sh
 
-# The README's test command: every tier (unit, cluster, helm, runtime in .venv; vllm in .venv-vllm).
-test: venv vllm-venv binaries
+# ruff (pyproject [tool.ruff]) and the import contracts (pyproject [tool.importlinter]).
+# Needs only .venv: never builds the control plane.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+# The README's test command: lint, then every tier (unit, cluster, helm, runtime in .venv;
+# vllm_engine in .venv-vllm).
+test: venv lint vllm-venv binaries
 	@status=0; \
-	$(PY) -m pytest -q --ignore=tests/vllm || status=1; \
-	$(VLLM_PY) -m pytest -q tests/vllm || status=1; \
+	$(PY) -m pytest -q --ignore=tests/vllm_engine || status=1; \
+	$(VLLM_PY) -m pytest -q tests/vllm_engine || status=1; \
 	exit $$status
 
 test-unit: venv

@@ -14,7 +14,8 @@ source "$root/hack/torch-wheels.sh"
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.chattts-stamp"
-want="$(sha256sum "$root/pyproject.toml" "$0" "$root/hack/torch-wheels.sh" | sha256sum | cut -c1-16)"
+want="$(sha256sum "$root/pyproject.toml" "$0" "$root/hack/torch-wheels.sh" "$root/tests/parity/requirements.txt" \
+  | sha256sum | cut -c1-16)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "[venv] $venv is up to date"; exit 0
 fi
@@ -36,5 +37,15 @@ fi
 # the pinned stack (see the runtime README); install it without letting it downgrade torch.
 "${pip[@]}" install "accelerate>=1.0" "datasets>=2.20" zstandard
 "${pip[@]}" install --no-deps "autoawq==0.2.9"
+# Upstream ChatTTS for the parity tier (tests/parity): a test-time reference only (AGPL-3.0),
+# never imported by the runtime. It goes, without its declared dependencies, into a folder of its
+# own that only tests/parity/conftest.py puts on sys.path, with just the light modules its model
+# code imports; the versions are pinned in tests/parity/requirements.txt (why: its README).
+# PyPI's torchaudio is a CUDA build whose compiled extension does not load beside the CPU torch;
+# the parity tier needs only its pure-Python MelSpectrogram, so the extension's libraries are removed.
+parity_site="$venv/parity-site"
+rm -rf "$parity_site"
+"${pip[@]}" install --no-deps --target "$parity_site" -r "$root/tests/parity/requirements.txt"
+rm -f "$parity_site"/torchaudio/lib/*.so "$parity_site"/torchaudio/*.so
 echo "$want" > "$stamp"
 echo "[venv] ready: $venv"

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.core.settings import OperatorSettings
 
 from bench.operator_scale import apimetrics, workload
 from bench.operator_scale.kubeapi import Api, ApiError, bounded_gather

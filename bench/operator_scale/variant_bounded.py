@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from chattts_operator import kube
+from chattts_operator.core import kube
 
 MAX_IN_FLIGHT = int(os.environ.get("BENCH_MAX_IN_FLIGHT", "32"))
 _unbounded_call = kube.Kube._call

@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from chattts_operator.builders import LABEL_MANAGED_BY, MANAGED_BY
+from chattts_operator.core.labels import LABEL_MANAGED_BY, MANAGED_BY
 
 
 @kopf.on.startup()

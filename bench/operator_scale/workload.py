@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from chattts_operator.api.chattts import API_VERSION, KIND
-from chattts_operator.builders import CONFIG_HASH_ANNOTATION, LABEL_MANAGED_BY, MANAGED_BY
-from chattts_operator.reconcile import desired_state, parse_spec
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.core.labels import CONFIG_HASH_ANNOTATION, LABEL_MANAGED_BY, MANAGED_BY
+from chattts_operator.deployment.spec import desired_state, parse_spec
+from chattts_operator.core.settings import OperatorSettings
 
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")

@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from chattts_operator.settings import OperatorSettings, SettingsError
+from chattts_operator.core.settings import OperatorSettings, SettingsError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]
     args = build_parser().parse_args(argv)
     if args.command == "crds":
-        from chattts_operator.api import CRD_KINDS
-        from chattts_operator.crdgen import render
+        from chattts_operator.api import CRD_KINDS  # noqa: PLC0415 - keep `run` from importing crdgen
+        from chattts_operator.crdgen import render  # noqa: PLC0415
         sys.stdout.write("---\n".join(render(kind) for kind in CRD_KINDS))
         return 0
 

@@ -123,18 +123,65 @@ class GenerationSettings(_Strict):
     max_new_frames: int = Field(2048, ge=1, description="Frames per request (one frame = 21.3 ms of audio).")
     seed: int | None = Field(None, description="Fixed sampling seed; None = random per request.")
     stream_chunk_frames: int = Field(24, ge=1, description="Frames decoded to audio per streamed chunk.")
-    audio_decoder: Literal["dvae", "decoder"] = Field(
-        "dvae", description="dvae: audio from codes; decoder: from GPT hidden states (reference engine only).")
+    audio_decoder: Literal["dvae", "decoder"] | None = Field(
+        None, description="decoder: audio from the GPT's hidden states through the Decoder (upstream's default); "
+        "dvae: from the codes through the DVAE. None: decoder on the reference engine, dvae on the graph engine "
+        "(its in-engine audio decodes codes) and on the vllm engine (it gives no hidden states, so decoder is "
+        "refused there).")
+    refine_text: bool | None = Field(
+        None, description="Run upstream's refine-text pass before the audio codes. None: on for the reference "
+        "engine (upstream's default), off for the graph and vllm engines, which cannot run it yet (true is "
+        "refused there).")
     warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
+
+
+class TextSettings(_Strict):
+    """The text front-end (``chattts_runtime.text``): normalization and long-input splitting."""
+
+    normalize: bool = Field(True, description="Default of the request's `normalize` (upstream's default: on).")
+    homophones: bool = Field(True, description="Replace rare Chinese characters by homophones when a table is found.")
+    homophones_map: str | None = Field(
+        None, description="homophones_map.json to use; default: the checkpoint dir, else an installed chattts package.")
+    language_normalizers: list[Literal["wetext", "nemo"]] = Field(
+        default_factory=list, description="Optional extras that spell out numbers: wetext (zh), nemo (en).")
+    drop_unknown_characters: bool = Field(
+        False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
+    frames_per_text_token: float = Field(
+        16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
 
 
 class RuntimeConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    text: TextSettings = Field(default_factory=TextSettings)
     engine_kind: EngineKind = EngineKind.VLLM
     engine: EngineSettings = Field(default_factory=EngineSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _pipeline_fits_the_engine(self) -> "RuntimeConfig":
+        gen = self.generation
+        if self.engine_kind == EngineKind.VLLM and gen.audio_decoder == "decoder":
+            raise ValueError("generation.audio_decoder: the vllm engine gives no GPT hidden states; use dvae")
+        if self.engine_kind != EngineKind.REFERENCE and gen.refine_text:
+            raise ValueError(f"generation.refine_text: the {self.engine_kind.value} engine cannot run refine-text "
+                             f"yet; use the reference engine or refine_text: false")
+        return self
+
+    @property
+    def audio_decoder(self) -> str:
+        """The configured audio path, resolved for the engine (see ``GenerationSettings.audio_decoder``)."""
+        if self.generation.audio_decoder is not None:
+            return self.generation.audio_decoder
+        return "decoder" if self.engine_kind == EngineKind.REFERENCE else "dvae"
+
+    @property
+    def refine_text(self) -> bool:
+        """Whether requests refine their text unless they say otherwise (``GenerationSettings.refine_text``)."""
+        if self.generation.refine_text is not None:
+            return self.generation.refine_text
+        return self.engine_kind == EngineKind.REFERENCE
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)

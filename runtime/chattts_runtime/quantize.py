@@ -14,7 +14,7 @@ scales) and ``quantization_config`` (``quant_method: awq``, ``version: gemm``) i
 ``config.json``, which vLLM's AWQ loader reads. Embeddings, heads, norms, DVAE, decoder
 and vocoder stay in their original precision.
 
-The runtime loads this on any device by dequantizing (:func:`dequantize_awq_state`);
+The runtime loads this on any device by dequantizing (``model/awq.py``);
 the vLLM engine runs the packed weights directly.
 """
 from __future__ import annotations
@@ -31,51 +31,9 @@ from chattts_runtime.model import config as layout
 
 log = logging.getLogger(__name__)
 
-AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # GEMM packing order of 8 nibbles in an int32
-
 
 class QuantizeError(ValueError):
     pass
-
-
-# -- loading: AWQ GEMM -> dense weights ----------------------------------------------------
-
-def dequantize_gemm(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, bits: int,
-                    group_size: int) -> torch.Tensor:
-    """AWQ GEMM tensors -> float weight ``[out, in]`` as ``nn.Linear`` stores it."""
-    pack = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    order = torch.arange(qweight.shape[1] * pack).view(-1, pack)[:, list(AWQ_REVERSE_ORDER)].reshape(-1)
-    mask = (1 << bits) - 1
-    iweight = ((qweight.to(torch.int32)[:, :, None] >> shifts) & mask).reshape(qweight.shape[0], -1)[:, order]
-    izeros = ((qzeros.to(torch.int32)[:, :, None] >> shifts) & mask).reshape(qzeros.shape[0], -1)[:, order]
-    scales_full = scales.float().repeat_interleave(group_size, dim=0)
-    zeros_full = izeros.repeat_interleave(group_size, dim=0).float()
-    weight_in_out = (iweight.float() - zeros_full) * scales_full
-    return weight_in_out.t().contiguous()
-
-
-def dequantize_awq_state(state: dict[str, torch.Tensor], quant: dict) -> dict[str, torch.Tensor]:
-    method = str(quant.get("quant_method", "")).lower()
-    version = str(quant.get("version", "gemm")).lower()
-    if method != "awq" or version != "gemm":
-        raise layout.CheckpointError(f"unsupported quantization_config: quant_method={method!r} "
-                                     f"version={version!r} (this runtime loads awq/gemm)")
-    bits, group = int(quant.get("bits", quant.get("w_bit", 4))), int(quant.get("group_size", quant.get("q_group_size", 128)))
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        if key.endswith(".qweight"):
-            prefix = key[: -len(".qweight")]
-            try:
-                out[prefix + ".weight"] = dequantize_gemm(value, state[prefix + ".qzeros"], state[prefix + ".scales"],
-                                                          bits, group)
-            except KeyError as err:
-                raise layout.CheckpointError(f"AWQ layer {prefix} lacks {err}") from None
-        elif key.endswith((".qzeros", ".scales")):
-            continue
-        else:
-            out[key] = value
-    return out
 
 
 # -- quantizing ----------------------------------------------------------------------------
@@ -148,7 +106,7 @@ def calibration_sequences(model, texts: list[str], max_frames: int, seed: int = 
 def quantize_checkpoint(model_dir: Path, out_dir: Path, calib: Path, *, w_bit: int = 4, group_size: int = 128,
                         n_samples: int = 512, zero_point: bool = True, max_calib_frames: int = 64) -> Path:
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
-    from chattts_runtime.model.loader import gpt_quantization  # noqa: PLC0415
+    from chattts_runtime.model.awq import gpt_quantization  # noqa: PLC0415
 
     if out_dir.resolve() == model_dir.resolve():
         raise QuantizeError("--out must differ from --model")

@@ -20,7 +20,8 @@ import logging
 import time
 from typing import Any
 
-from chattts_runtime.config import EngineKind, RuntimeConfig
+from chattts_runtime.config import RuntimeConfig
+from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def build_app(holder: "ServiceHolder"):
     from chattts_runtime.abandon import Stopped, client_disconnected, unless  # noqa: PLC0415
     from chattts_runtime.audio_io import CONTENT_TYPES, AudioEncoder  # noqa: PLC0415
     from chattts_runtime.auth import APIKeys, BearerAuth  # noqa: PLC0415
+    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
     from chattts_runtime.limits import names_for_header, parse_json_object, read_body, unknown_fields  # noqa: PLC0415
     from chattts_runtime.service import APIError, SpeechRequest, parse_speech_request  # noqa: PLC0415
 
@@ -106,6 +108,26 @@ def build_app(holder: "ServiceHolder"):
         return {"object": "list", "data": [{"id": name, "object": "model", "created": holder.started,
                                              "owned_by": "chattts-runtime"}]}
 
+    @app.post("/v1/audio/voices")
+    async def voices(request: Request):
+        from chattts_runtime import voices as voice_api  # noqa: PLC0415
+
+        service = holder.service
+        if service is None or not service.ready:
+            raise APIError(503, "model is loading; retry when /ready answers 200", err_type="server_error",
+                           code="not_ready", headers={"Retry-After": "5"})
+        if service.model.encoder is None:
+            raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
+                           "sample are not available", code="no_voice_encoder")
+        raw = await read_body(request.stream(), request.headers.get("content-length"),
+                              max_bytes=voice_api.MAX_BODY_BYTES, timeout=limits.body_timeout_seconds)
+        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
+        try:
+            samples = voice_api.clip_from_payload(payload)
+        except voice_api.VoiceError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        return await service.run_model(voice_api.encode_clip, service.model, samples)
+
     @app.post("/v1/audio/speech", openapi_extra=speech_openapi(SpeechRequest))
     async def speech(request: Request):
         service = holder.service
@@ -124,8 +146,12 @@ def build_app(holder: "ServiceHolder"):
             return Response(status_code=400)  # nobody reads it
         payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
-        # Off the event loop: decoding a speaker string and tokenizing are CPU work of their own.
-        synthesis = await asyncio.to_thread(service.prepare, parse_speech_request(payload))
+        speech_request = parse_speech_request(payload)
+        # Off the event loop: the text front-end tokenizes every piece of a long input (tens of ms for
+        # 4,096 characters, bench/results/text-frontend-*), a speaker string is decoded.
+        synthesis = await asyncio.to_thread(service.prepare, speech_request)
+        await service.refine(synthesis, speech_request)
+        headers.update(refined_text_headers(synthesis.refined_text))
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:
@@ -178,8 +204,10 @@ def build_app(holder: "ServiceHolder"):
                 yield f"data: {json.dumps(event)}\n\n"
             frames_out = -(-total // service.model.sizes.samples_per_frame)  # the last frame is half sent
             done = {"type": "speech.audio.done",
-                    "usage": {"input_tokens": len(synthesis.request.prompt_ids), "output_tokens": frames_out,
-                              "total_tokens": len(synthesis.request.prompt_ids) + frames_out}}
+                    "usage": {"input_tokens": synthesis.prompt_tokens, "output_tokens": frames_out,
+                              "total_tokens": synthesis.prompt_tokens + frames_out}}
+            if synthesis.refined_text is not None:
+                done["refined_text"] = synthesis.refined_text
             yield f"data: {json.dumps(done)}\n\n"
 
         if synthesis.sse:
@@ -198,62 +226,6 @@ def build_app(holder: "ServiceHolder"):
         return {"X-ChatTTS-Ignored-Fields": listed}
 
     return app
-
-
-def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
-    from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
-
-    kind = config.engine_kind
-    if kind in (EngineKind.REFERENCE, EngineKind.GRAPH):
-        kwargs = dict(max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
-                      max_model_len=config.engine.max_model_len)
-        if kind == EngineKind.GRAPH:
-            # Streams get audio decoded in the engine on the speech API's window schedule; other
-            # requests get frames as often as the speech API would decode them (a third of a window).
-            windows = StreamWindows(config.generation.stream_chunk_frames)
-            kwargs.update(emit_frames=windows.first_frames, windows=windows)
-        if separate_engine_process(config, model.device.type):
-            from chattts_runtime.engines.process import EngineSpec, ProcessEngine  # noqa: PLC0415
-
-            spec = EngineSpec(kind.value, str(config.model.path), model.device.type,
-                              str(model.gpt.dtype).removeprefix("torch."), kwargs)
-            return ProcessEngine(spec, max_waiting=config.server.max_queue,
-                                 max_model_len=config.engine.max_model_len, observer=observer,
-                                 on_failure=on_failure)
-        if kind == EngineKind.GRAPH:
-            from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
-
-            return GraphEngine(model, observer=observer, **kwargs)
-        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
-
-        return ReferenceEngine(model, observer=observer, **kwargs)
-    # The vLLM engine lives in engines/vllm* (its own issue); it takes the same arguments.
-    from chattts_runtime.engines.vllm import VLLMEngine  # noqa: PLC0415
-
-    return VLLMEngine.from_config(config, model, observer)
-
-
-def separate_engine_process(config: RuntimeConfig, device: str) -> bool:
-    if config.engine.process == "auto":
-        return config.engine_kind == EngineKind.GRAPH and device == "cuda"
-    return config.engine.process == "separate"
-
-
-def resolve_device(config: RuntimeConfig) -> str:
-    if config.device != "auto":
-        return config.device
-    import torch  # noqa: PLC0415
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(config: RuntimeConfig, device: str):
-    import torch  # noqa: PLC0415
-
-    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if config.engine.dtype in names:
-        return names[config.engine.dtype]
-    return torch.bfloat16 if device == "cuda" else torch.float32
 
 
 class ServiceHolder:

@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
@@ -21,13 +21,18 @@ from chattts_runtime.audio_io import (
 from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
 from chattts_runtime.limits import quote
-from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SamplingParams, SynthesisRequest
+from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
+from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.model.sampling import SamplingParams
+from chattts_runtime.longform import chain_pieces
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
+MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thousand characters
+MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 INT32_MAX = 2**31 - 1
@@ -51,6 +56,24 @@ class SpeechRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # what a torch generator takes
+    # Upstream ChatTTS's controls (chattts_runtime/controls.py; the runtime README documents them):
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    min_new_tokens: int | None = Field(None, ge=0, le=INT32_MAX, description="audio frames (21.3 ms each)")
+    max_new_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="audio frames (21.3 ms each)")
+    audio_decoder: Literal["decoder", "dvae"] | None = None
+    refine_text: bool | None = None
+    refine_prompt: str | None = Field(None, max_length=64)
+    refine_oral: int | None = Field(None, ge=0, le=9)
+    refine_laugh: int | None = Field(None, ge=0, le=2)
+    refine_break: int | None = Field(None, ge=0, le=7)
+    refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
+    refine_top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
+    speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
+    speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
+    normalize: bool | None = None  # upstream's text normalization; default from text.normalize
+    lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 
     @property
     def streaming(self) -> bool:
@@ -74,6 +97,17 @@ class Synthesis:
     response_format: str
     streaming: bool
     sse: bool
+    pipeline: Pipeline | None = None  # None: no refine, the configured audio path (warm-up)
+    text: str = ""  # the text the audio pass reads (the refined text once refine ran)
+    speed: float = 1.0
+    refined_text: str | None = None  # set by SpeechService.refine
+    sample: VoiceSample | None = None  # a voice from a reference clip
+    more: tuple[SynthesisRequest, ...] = ()  # the following pieces of a long input, in order
+    texts: tuple[str, ...] = ()  # each piece's text as the tokenizer read it
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt_ids) for r in (self.request, *self.more))
 
 
 class SpeechService:
@@ -88,7 +122,13 @@ class SpeechService:
         # One decode thread: stream windows are batched (BatchedDecoder), whole responses go one by one.
         self._decode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-decode")
         self._batched = BatchedDecoder(self._decode_batch, self._decode_pool)
+        # Refine-text runs the GPT's text head one request at a time, off the event loop and the decoder.
+        self._refine_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chattts-refine")
+        self._refiner = None
         self._cuda_stream = None
+        from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
+
+        self.frontend = FrontEnd.from_config(config, model.tokenizer)
         metrics.bind_engine(engine)
 
     @property
@@ -122,28 +162,89 @@ class SpeechService:
             speaker = self.model.speaker_for(req.voice).numpy()
         except SpeakerError as err:
             raise APIError(400, str(err), param="voice") from None
-        prompt = self.model.tokenizer.build(req.input, with_speaker=True, speed=req.speed)
-        gen = self.config.generation
-        max_frames = min(gen.max_new_frames, self.config.engine.max_model_len - len(prompt.input_ids) - 1)
+        try:
+            pipeline = resolve_pipeline(req, self.config)
+            sample = voice_sample(req, self.config, self.model.sizes)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        if sample is not None:
+            speaker = None  # as upstream with spk_smp and no spk_emb: [empty_spk] + the clip's codes
+        pieces = self._text_pieces(req, with_speaker=sample is None)
+        hidden = pipeline.want_hidden
+        requests = []
+        for index, piece in enumerate(pieces):
+            prompt_ids, params = self._code_prompt(req, piece.text, req.speed, sample, index, piece.max_frames)
+            requests.append(SynthesisRequest(
+                request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
+                params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
+                # Engines that decode audio in their own loop do it for streams (same windows as ours).
+                want_audio=req.streaming and not hidden and self.engine.decodes_audio))
+        return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
+                         pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
+                         more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
+
+    def _text_pieces(self, req: SpeechRequest, *, with_speaker: bool):
+        """Normalize and cut the input (``chattts_runtime.text``); 400 when nothing or one sentence can't fit."""
+        from chattts_runtime.text.frontend import NothingToSay  # noqa: PLC0415
+        from chattts_runtime.text.split import SentenceTooLong  # noqa: PLC0415
+
+        normalize = self.config.text.normalize if req.normalize is None else req.normalize
+        try:
+            return self.frontend.pieces(req.input, normalize=normalize, lang=req.lang,
+                                        with_speaker=with_speaker, speed=req.speed)
+        except NothingToSay as err:
+            raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
+        except SentenceTooLong as err:
+            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
+                           f"with the audio it needs: split it with punctuation", param="input",
+                           code="sentence_too_long") from None
+
+    def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
+                     index: int = 0, piece_frames: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+        """One piece's audio prompt and sampling; ``index`` offsets a fixed seed so every piece of a
+        long input gets its own draw; ``piece_frames`` is the front-end's frame budget for the piece."""
+        prompt = self.model.tokenizer.build(text, with_speaker=sample is None, speed=speed,
+                                            sample_text="" if sample is None else sample.text)
+        length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
+        max_frames = self.config.engine.max_model_len - length - 1
         if max_frames < 1:
-            raise APIError(400, f"input is {len(prompt.input_ids)} tokens: too long for max_model_len "
+            raise APIError(400, f"input is {length} tokens: too long for max_model_len "
                            f"{self.config.engine.max_model_len}", param="input")
-        params = SamplingParams(
-            temperature=gen.temperature if req.temperature is None else req.temperature,
-            top_p=gen.top_p if req.top_p is None else req.top_p,
-            top_k=gen.top_k if req.top_k is None else req.top_k,
-            repetition_penalty=gen.repetition_penalty,
-            max_new_frames=max_frames,
-            min_new_frames=1,  # never answer with empty audio (ChatTTS retries an immediate end)
-            seed=gen.seed if req.seed is None else req.seed,
-        )
-        hidden = gen.audio_decoder == "decoder"
-        request = SynthesisRequest(
-            request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt.input_ids, speaker=speaker,
-            params=params, want_hidden=hidden,
-            # Engines that decode audio in their own loop do it for streams (same windows as ours).
-            want_audio=req.streaming and not hidden and self.engine.decodes_audio)
-        return Synthesis(request, req.response_format, req.streaming, req.stream_format == "sse")
+        try:
+            params = code_sampling(req, self.config, max_frames)
+        except ControlError as err:
+            raise APIError(400, str(err), param=err.param) from None
+        frames = params.max_new_frames if piece_frames is None else min(params.max_new_frames, piece_frames)
+        params = replace(params, max_new_frames=max(frames, params.min_new_frames),
+                         seed=None if params.seed is None else params.seed + index)
+        return prompt.input_ids, params
+
+    async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """Upstream's refine-text pass, when the request runs it, piece by piece (upstream refines each
+        text of its batch): the audio pass then reads the refined text."""
+        if synthesis.pipeline is None or synthesis.pipeline.refine is None:
+            return
+        refiner = self._text_refiner()
+        loop = asyncio.get_running_loop()
+        refined_texts = []
+        for index, (request, text) in enumerate(zip((synthesis.request, *synthesis.more), synthesis.texts)):
+            refined = await loop.run_in_executor(self._refine_pool, refiner.refine, text, synthesis.pipeline.refine)
+            refined_texts.append(refined.text)
+            request.prompt_ids, request.params = self._code_prompt(
+                req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
+        synthesis.texts = tuple(refined_texts)
+        synthesis.refined_text = synthesis.text = " ".join(refined_texts)
+
+    async def run_model(self, fn, *args):
+        """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._refine_pool, fn, *args)
+
+    def _text_refiner(self):
+        if self._refiner is None:
+            from chattts_runtime.engines.refine import TextRefiner  # noqa: PLC0415
+
+            self._refiner = TextRefiner(self.model, max_model_len=self.config.engine.max_model_len)
+        return self._refiner
 
     # -- generation ------------------------------------------------------------------------
 
@@ -152,7 +253,8 @@ class SpeechService:
             raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         synthesis.request.arrival = time.monotonic()
         try:
-            return self.engine.submit(synthesis.request)
+            first = self.engine.submit(synthesis.request)
+            return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
         except QueueFull as err:
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
@@ -164,8 +266,9 @@ class SpeechService:
         import torch  # noqa: PLC0415
 
         batch = torch.from_numpy(np.ascontiguousarray(frames))
-        decode = self.model.hidden_to_audio if self.config.generation.audio_decoder == "decoder" \
-            else self.model.codes_to_audio
+        # Integer frames are codes (DVAE path), float ones hidden states (Decoder path); the batcher
+        # groups windows by shape, so one batch is always one kind.
+        decode = self.model.codes_to_audio if np.issubdtype(frames.dtype, np.integer) else self.model.hidden_to_audio
         if self.model.device.type != "cuda":
             return decode(batch).numpy()
         # Its own CUDA stream: the GPT's per-step host sync does not wait for vocoder kernels.
@@ -263,11 +366,13 @@ class SpeechService:
         # The configured sampling path, so its first use (kernels, allocations) is paid here.
         request = SynthesisRequest("warmup", prompt.input_ids, None, SamplingParams(
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
-            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0))
+            repetition_penalty=gen.repetition_penalty, max_new_frames=4, min_new_frames=1, seed=0),
+            want_hidden=self.config.audio_decoder == "decoder")
         synthesis = Synthesis(request, "wav", False, False)
         await self.synthesize(synthesis, self.engine.submit(request), record=False)  # not a user request
 
     async def close(self) -> None:
         await self.engine.stop()
         self._decode_pool.shutdown(wait=False)
+        self._refine_pool.shutdown(wait=False)
 

@@ -97,7 +97,7 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                concurrency: int, summary: Summary) -> None:
     from chattts_runtime.metrics import RuntimeMetrics  # noqa: PLC0415
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
-    from chattts_runtime.server import create_engine, resolve_device, resolve_dtype  # noqa: PLC0415
+    from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype  # noqa: PLC0415
     from chattts_runtime.service import APIError, SpeechRequest, SpeechService  # noqa: PLC0415
 
     device = resolve_device(config)
@@ -121,6 +121,7 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                 req = SpeechRequest(model=config.model.served_name, input=item.text,
                                     voice=item.voice or default_voice, response_format=fmt, speed=item.speed)
                 synthesis = service.prepare(req)
+                await service.refine(synthesis, req)
                 audio = await service.synthesize(synthesis, service.submit(synthesis))
                 data = await asyncio.to_thread(service.encode, audio, fmt)
             except APIError as err:

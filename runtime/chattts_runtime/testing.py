@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import string
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ def tiny_sizes(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
                      num_hidden_layers=num_layers, num_text_tokens=tokenizer_vocab_size()),
         decoder=ConvStackSizes(idim=half, odim=half, hidden=32, n_layer=2, bn_dim=16),
         dvae_decoder=ConvStackSizes(idim=32, odim=32, hidden=32, n_layer=2, bn_dim=16),
+        dvae_encoder=ConvStackSizes(idim=32, odim=64, hidden=32, n_layer=2, bn_dim=16),
         fsq=FSQSizes(dim=64),
         vocos=VocosSizes(dim=32, intermediate_dim=64, num_layers=2),
     )
@@ -89,6 +91,7 @@ def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0, en
     from safetensors.torch import save_file  # noqa: PLC0415
 
     from chattts_runtime.model.audio import MelDecoder, Vocos  # noqa: PLC0415
+    from chattts_runtime.model.encoder import DVAEEncoder  # noqa: PLC0415
     from chattts_runtime.model.gpt import ChatTTSGPT  # noqa: PLC0415
 
     root = Path(out_dir)
@@ -138,7 +141,15 @@ def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0, en
             block.gamma.fill_(0.1)
         vocos.head.out.weight.mul_(0.5)
         vocos.head.out.bias.fill_(-2.0)  # quiet magnitudes: exp(-2) ~ 0.14
-    save_file(contiguous(dvae.state_dict()), str(root / layout.DVAE_WEIGHTS))
+    encoder = DVAEEncoder(sizes, dvae)
+    with torch.no_grad():
+        mel = encoder.preprocessor_mel
+        mel.mel_spec.spectrogram.window.copy_(torch.hann_window(sizes.vocos.n_fft))
+        mel.mel_spec.mel_scale.fb.copy_(htk_mel_filterbank(sizes.vocos.n_fft // 2 + 1, sizes.n_mels))
+        for name, p in encoder.named_parameters():
+            if "decoder_block" in name and name.endswith(".weight") and p.dim() == 1 and "norm" not in name:
+                p.fill_(0.1)
+    save_file({**contiguous(dvae.state_dict()), **contiguous(encoder.state_dict())}, str(root / layout.DVAE_WEIGHTS))
     save_file(contiguous(decoder.state_dict()), str(root / layout.DECODER_WEIGHTS))
     save_file(contiguous(vocos.state_dict()), str(root / layout.VOCOS_WEIGHTS))
     stats = torch.cat([torch.full((g.hidden_size,), 1.0), torch.zeros(g.hidden_size)])
@@ -150,6 +161,21 @@ def make_checkpoint(out_dir: str | Path, sizes: ModelSizes, *, seed: int = 0, en
                         if k in ("num_audio_tokens", "num_text_tokens", "num_vq")}
         (root / layout.RUNTIME_SIZES).write_text(json.dumps(extra, indent=2, sort_keys=True))
     return root
+
+
+def htk_mel_filterbank(n_freqs: int, n_mels: int, sample_rate: int = 24_000):
+    """Triangular filters on the HTK mel scale, 0 Hz to Nyquist, unnormalised ``[n_freqs, n_mels]``
+    (the DVAE encoder's front end; a real checkpoint ships its own)."""
+    import torch  # noqa: PLC0415
+
+    freqs = torch.linspace(0, sample_rate // 2, n_freqs)
+    mel = torch.linspace(0.0, 2595.0 * math.log10(1.0 + (sample_rate / 2) / 700.0), n_mels + 2)
+    points = 700.0 * (10 ** (mel / 2595.0) - 1.0)
+    slopes = points[None, :] - freqs[:, None]
+    widths = points[1:] - points[:-1]
+    down = -slopes[:, :-2] / widths[:-1]
+    up = slopes[:, 2:] / widths[1:]
+    return torch.clamp(torch.minimum(down, up), min=0.0)
 
 
 def make_tiny_checkpoint(out_dir: str | Path, *, seed: int = 0, endless: bool = False, **size_kwargs) -> Path:

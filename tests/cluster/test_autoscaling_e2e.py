@@ -26,16 +26,9 @@ from pathlib import Path
 import pytest
 
 from chattts_operator.api.autoscaling import parse_duration
-from tests.cluster.test_operator_lifecycle import (
-    INSTANCE,
-    OperatorProcess,
-    apply,
-    ctd,
-    free_port,
-    get,
-    wait_until,
-)
-from tests.cluster.test_operator_crd import install_crds
+from bench.operator_scale.operatorproc import OperatorProcess
+from tests.cluster.helpers import INSTANCE, OPERATOR_SETTINGS, apply, get
+from tests.support import ctd, free_port, install_crds, wait_until
 
 pytest.importorskip("torch", reason="the runtime processes need torch (runtime extra)")
 httpx = pytest.importorskip("httpx")
@@ -186,7 +179,7 @@ def autoscaling_status(kubectl, namespace: str, name: str) -> dict:
 def test_scales_up_under_load_and_back_down_after_it(cluster, namespace, runtime_processes, tmp_path):
     kubectl = cluster.kubectl
     install_crds(cluster)
-    op = OperatorProcess(cluster, namespace, tmp_path)
+    op = OperatorProcess(cluster.kubeconfig, tmp_path, namespaces=(namespace,), **OPERATOR_SETTINGS)
     op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
     op.env["CHATTTS_AUTOSCALER_INTERVAL_SECONDS"] = "2"
     op.start()
@@ -268,7 +261,7 @@ def test_batch_token_tuning_raises_at_max_replicas_and_lowers_when_quiet(cluster
     rolling update through the runtime ConfigMap); a quiet period lowers it back."""
     kubectl = cluster.kubectl
     install_crds(cluster)
-    op = OperatorProcess(cluster, namespace, tmp_path)
+    op = OperatorProcess(cluster.kubeconfig, tmp_path, namespaces=(namespace,), **OPERATOR_SETTINGS)
     op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
     op.env["CHATTTS_AUTOSCALER_INTERVAL_SECONDS"] = "2"
     op.start()

@@ -10,29 +10,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import gpunodes
 import localcluster
+from tests.support import wait_until
 
 TESTDATA = Path(__file__).parent / "testdata"
 CLI = Path(localcluster.__file__)
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 90, interval: float = 0.5) -> Any:
-    """Poll until predicate() returns something truthy, and return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def pod_manifest(name: str, limits: dict[str, Any], **extra: Any) -> dict[str, Any]:

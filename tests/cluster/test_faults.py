@@ -10,70 +10,14 @@ import json
 import random
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from bench.operator_scale.operatorproc import OperatorProcess
-from chattts_operator.reconcile import desired_state, parse_spec
-from chattts_operator.settings import OperatorSettings
-from tests.cluster.test_operator_crd import install_crds
+from tests.cluster.helpers import CHILD_KINDS, MANAGED, converged, expected_config_hash, kube_list
+from tests.support import ctd, wait_until
 
 pytestmark = pytest.mark.slow  # minutes each on two cores
-
-MANAGED = "app.kubernetes.io/managed-by=chattts-operator"
-CHILD_KINDS = ("deployments", "configmaps", "services", "poddisruptionbudgets")
-
-
-@pytest.fixture(scope="module")
-def crds(cluster):
-    install_crds(cluster)
-    return cluster
-
-
-@pytest.fixture
-def operators(crds, namespace: str, tmp_path: Path):
-    """Factory of operator subprocesses scoped to the test's namespace; all stopped at the end."""
-    made: list[OperatorProcess] = []
-
-    def make(**settings: str) -> OperatorProcess:
-        op = OperatorProcess(crds.kubeconfig, tmp_path, namespaces=(namespace,), **settings)
-        made.append(op)
-        return op
-
-    yield make
-    for op in made:
-        op.stop()
-        print(f"--- operator log ({op.log_path.name}) ---\n{op.log_tail(40)}")
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while True:
-        try:
-            value = predicate()
-        except Exception as err:  # noqa: BLE001 - keep polling; report the last error on timeout
-            value, last_error = None, err
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
-                                 + (f" (last error: {last_error})" if last_error else ""))
-        time.sleep(interval)
-
-
-def ctd(name: str, replicas: int = 1, max_num_seqs: int = 64) -> dict[str, Any]:
-    return {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": name},
-            "spec": {"model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
-                     "gpu": {"memory": "8Gi"}, "engine": {"maxNumSeqs": max_num_seqs}, "replicas": replicas}}
-
-
-def kube_list(kubectl, namespace: str, kinds: str, *selector: str) -> list[dict[str, Any]]:
-    out = kubectl("get", kinds, "-n", namespace, *selector, "-o", "json", timeout=120).stdout
-    return json.loads(out)["items"]
-
 
 def children_by_kind(kubectl, namespace: str) -> dict[str, dict[str, str]]:
     """kind (lower-case plural) -> {name: uid} of everything labelled as managed by the operator."""
@@ -86,15 +30,6 @@ def children_by_kind(kubectl, namespace: str) -> dict[str, dict[str, str]]:
         assert name not in out[kind], f"two {kind} named {name}"
         out[kind][name] = item["metadata"]["uid"]
     return out
-
-
-def converged(obj: dict[str, Any]) -> bool:
-    """Status written for the object's current generation, rolled out, and settled."""
-    st = obj.get("status") or {}
-    gen = obj["metadata"]["generation"]
-    want = "ScaledToZero" if obj["spec"]["replicas"] == 0 else "Ready"
-    return (st.get("observedGeneration") == gen and st.get("appliedGeneration") == gen
-            and st.get("phase") == want and st.get("readyReplicas", 0) == obj["spec"]["replicas"])
 
 
 def describe(kubectl, namespace: str, names: list[str], children: dict[str, dict[str, str]]) -> str:
@@ -114,12 +49,6 @@ def describe(kubectl, namespace: str, names: list[str], children: dict[str, dict
 def all_converged(kubectl, namespace: str, count: int) -> list[dict[str, Any]] | None:
     items = kube_list(kubectl, namespace, "ctd")
     return items if len(items) == count and all(converged(o) for o in items) else None
-
-
-def expected_config_hash(obj: dict[str, Any]) -> str:
-    """What the operator's own pure builders say the Deployment's config hash must be."""
-    desired = desired_state(obj, parse_spec(obj), OperatorSettings(), largest_node_gpu_mib=None)
-    return desired.config_hash
 
 
 # --- kill -9 in the middle of reconciling 200 objects --------------------------------------------------
@@ -249,7 +178,7 @@ def test_a_concurrent_status_writer_gets_409s_and_the_operator_loses_no_update(c
     op = operators(resync_interval_seconds="1").start()
     names = ["tts-a", "tts-b"]
     kubectl("apply", "-n", namespace, "-f", "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [ctd(n) for n in names]}))
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [ctd(n, replicas=1) for n in names]}))
     wait_until(lambda: all_converged(kubectl, namespace, 2), "both Ready", timeout=120)
 
     stop = threading.Event()

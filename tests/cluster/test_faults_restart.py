@@ -21,16 +21,8 @@ import pytest
 
 import localcluster
 from bench.operator_scale.operatorproc import OperatorProcess
-from tests.cluster.test_faults import (
-    CHILD_KINDS,
-    MANAGED,
-    converged,
-    ctd,
-    expected_config_hash,
-    kube_list,
-    wait_until,
-)
-from tests.cluster.test_operator_crd import install_crds
+from tests.cluster.helpers import CHILD_KINDS, MANAGED, converged, expected_config_hash, kube_list
+from tests.support import ctd, install_crds, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -129,7 +121,7 @@ def run_scenario(cluster, namespace: str, op: OperatorProcess, fault) -> float:
     changes, two creates, two deletes. Returns seconds from the fault's end to convergence."""
     kubectl = cluster.kubectl
     names = [f"tts-{i}" for i in range(8)]
-    apply_all(kubectl, namespace, [ctd(n) for n in names])
+    apply_all(kubectl, namespace, [ctd(n, replicas=1) for n in names])
     expected = {n: 64 for n in names}
     wait_until(lambda: settled(kubectl, namespace, expected), "eight objects Ready", timeout=180)
 
@@ -141,7 +133,7 @@ def run_scenario(cluster, namespace: str, op: OperatorProcess, fault) -> float:
                "the API server to be ready", timeout=120)
     patch_seqs(kubectl, namespace, names[4:6], 112)
     expected.update({n: 112 for n in names[4:6]})
-    apply_all(kubectl, namespace, [ctd("tts-new-0"), ctd("tts-new-1")])
+    apply_all(kubectl, namespace, [ctd("tts-new-0", replicas=1), ctd("tts-new-1", replicas=1)])
     expected.update({"tts-new-0": 64, "tts-new-1": 64})
     kubectl("delete", "ctd", names[6], names[7], "-n", namespace, "--wait=false")
     for name in names[6:]:

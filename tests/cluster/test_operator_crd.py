@@ -3,7 +3,6 @@ rejected at apply time with a message a user understands."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -12,26 +11,6 @@ from tests.unit.test_operator_badinput import CORPUS, BadCase, bad_object, valid
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "deploy" / "crds"
-
-
-def install_crds(cluster) -> None:
-    """Apply every generated CRD (ChatTTSDeployment and GPUSharePolicy) and wait until it serves."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests",
-                    "-f", str(CRD_DIR))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/chattsdeployments.tts.chattts.io", "crd/gpusharepolicies.tts.chattts.io")
-    # Discovery may lag the Established condition by a moment.
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "ctd,gsp", "-A", check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the ctd/gsp resources never became servable")
-        time.sleep(0.3)
-
-
-@pytest.fixture(scope="module")
-def crds(cluster):
-    install_crds(cluster)
-    return cluster
 
 
 def test_crd_is_established_with_columns_and_scale(crds):

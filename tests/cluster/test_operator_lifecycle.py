@@ -4,153 +4,24 @@ run`), exactly as its container does, so it can also be killed with SIGKILL mid-
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.test_operator_crd import install_crds
+from tests.cluster.helpers import INSTANCE, MANAGED, apply, get
+from tests.support import ctd, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
-INSTANCE = "app.kubernetes.io/instance"
-MANAGED = "app.kubernetes.io/managed-by=chattts-operator"
 CHILD_KINDS = ("deployment", "configmap", "service", "poddisruptionbudget")
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 120, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            value = predicate()
-        except Exception as err:  # noqa: BLE001 - keep polling, report the last error on timeout
-            value, last = None, err
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last})" if last else ""))
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class OperatorProcess:
-    def __init__(self, cluster, namespace: str, log_dir: Path, **settings: str) -> None:
-        self.cluster, self.namespace, self.log_dir = cluster, namespace, log_dir
-        self.metrics_port = free_port()
-        self.health_port = free_port()
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "CHATTTS_OPERATOR_METRICS_PORT": str(self.metrics_port),
-            "CHATTTS_OPERATOR_HEALTH_PORT": str(self.health_port),
-            "CHATTTS_OPERATOR_MIG_PROFILES": "1g.18gb,2g.35gb,3g.71gb",
-            "CHATTTS_OPERATOR_RUNTIME_IMAGE": "chattts-runtime:test",
-            **{f"CHATTTS_OPERATOR_{k.upper()}": v for k, v in settings.items()},
-        }
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self) -> "OperatorProcess":
-        self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chattts_operator", "run", "--namespace", self.namespace, "--verbose"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-        )
-        wait_until(lambda: self._healthy(), "the operator's liveness endpoint", timeout=60)
-        return self
-
-    def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_tail(self, lines: int = 60) -> str:
-        path = self.log_dir / f"operator-{self.starts}.log"
-        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return out
-
-    def metric_sum(self, name: str, **labels: str) -> float:
-        return sum(v for (n, ls), v in self.metrics().items()
-                   if n == name and all(dict(ls).get(k) == val for k, val in labels.items()))
-
-
-@pytest.fixture(scope="module")
-def crds(cluster):
-    install_crds(cluster)
-    return cluster
-
-
 @pytest.fixture
-def operator_factory(crds, namespace, tmp_path):
-    started: list[OperatorProcess] = []
-
-    def make(**settings: str) -> OperatorProcess:
-        op = OperatorProcess(crds, namespace, tmp_path, **settings)
-        started.append(op)
-        return op
-
-    yield make
-    for op in started:
-        op.stop()
-        print(f"--- operator log (start {op.starts}) ---\n{op.log_tail()}")  # shown when the test fails
-
-
-@pytest.fixture
-def operator(operator_factory):
-    return operator_factory().start()
-
-
-def ctd(name: str, **spec: Any) -> dict[str, Any]:
-    body = {"model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"}, "gpu": {"memory": "8Gi"},
-            "replicas": 2}
-    body.update(spec)
-    return {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": name},
-            "spec": body}
-
-
-def apply(kubectl, namespace: str, *objs: dict[str, Any]) -> None:
-    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                    "items": list(objs)}))
-
-
-def get(kubectl, namespace: str, *args: str) -> Any:
-    return json.loads(kubectl("get", "-n", namespace, *args, "-o", "json").stdout)
+def operator(operators):
+    return operators().start()
 
 
 def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -299,9 +170,9 @@ def snapshot(kubectl, namespace: str, name: str) -> dict[str, str]:
     return out
 
 
-def test_noop_resync_writes_nothing_hand_edits_are_reverted_and_scale_works(crds, namespace, operator_factory):
+def test_noop_resync_writes_nothing_hand_edits_are_reverted_and_scale_works(crds, namespace, operators):
     kubectl = crds.kubectl
-    op = operator_factory(resync_interval_seconds="1").start()
+    op = operators(resync_interval_seconds="1").start()
     apply(kubectl, namespace, ctd("tts"))
     wait_until(lambda: ready(kubectl, namespace, "tts"), "tts Ready")
 
@@ -368,17 +239,17 @@ def test_delete_collects_everything(crds, namespace, operator):
                "children garbage-collected", timeout=120)
 
 
-def test_killed_operator_restarts_without_duplicate_or_lost_children(crds, namespace, operator_factory):
+def test_killed_operator_restarts_without_duplicate_or_lost_children(crds, namespace, operators):
     kubectl = crds.kubectl
     names = [f"tts-{i}" for i in range(6)]
-    first = operator_factory().start()
+    first = operators().start()
     apply(kubectl, namespace, *[ctd(n, replicas=1) for n in names])
     # Kill it mid-way: once some, but typically not all, children exist.
     wait_until(lambda: children(kubectl, namespace)["deployment"], "the first Deployment", timeout=60, interval=0.1)
     first.stop(signal.SIGKILL)
     seen = children(kubectl, namespace)
 
-    operator_factory().start()
+    operators().start()
     for name in names:
         wait_until(lambda: ready(kubectl, namespace, name), f"{name} Ready", timeout=180)
     final = children(kubectl, namespace)

@@ -9,13 +9,11 @@ all along and checks that what the members ask never exceeds the pool.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,10 +23,9 @@ import yaml
 from kopf.testing import KopfRunner
 
 import localcluster
-from chattts_operator.handlers import sharepolicy as sharepolicy_handlers
-from chattts_operator.scheduling import clock
-from chattts_operator.scheduling.resources import parse_quantity
-from tests.cluster.test_operator_crd import install_crds
+from chattts_operator.core import clock
+from chattts_operator.api.common import parse_live_quantity as parse_quantity
+from tests.support import install_crds, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 POOL_KEY = "chattts.io/rebalancing-pool"
@@ -39,21 +36,6 @@ NODE_MIB = 100_000
 REPLICA_MIB = 10_000
 JOB_MIB = 20_000
 MONDAY_NIGHT = datetime(2026, 6, 1, 6, 0, tzinfo=timezone.utc)
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 90, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while True:
-        try:
-            value = predicate()
-        except Exception as err:  # noqa: BLE001 - keep polling; report the last error on timeout
-            value, last = None, err
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last!r})" if last else ""))
-        time.sleep(interval)
 
 
 def kjson(cluster, *args: str) -> Any:
@@ -85,6 +67,10 @@ def operator(cluster, namespace, manual_clock, monkeypatch) -> Iterator[KopfRunn
         "CHATTTS_OPERATOR_HEALTH_PORT": "0",
         "CHATTTS_OPERATOR_RESYNC_INTERVAL_SECONDS": "2",
         "CHATTTS_OPERATOR_RUNTIME_IMAGE": "chattts-runtime:test",
+        # A day's pacing compressed with the clock.
+        "CHATTTS_SHAREPOLICY_RESYNC_SECONDS": "0.5",
+        "CHATTTS_SHAREPOLICY_SETTLE_SECONDS": "0.3",
+        "CHATTTS_SHAREPOLICY_MIN_INTERVAL_SECONDS": "0.1",
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
@@ -93,13 +79,10 @@ def operator(cluster, namespace, manual_clock, monkeypatch) -> Iterator[KopfRunn
     import kubernetes_asyncio.config.kube_config
     monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
     monkeypatch.setattr(kubernetes_asyncio.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
-    saved = vars(sharepolicy_handlers.CONFIG).copy()
-    sharepolicy_handlers.configure(resync_seconds=0.5, settle_seconds=0.3, min_interval_seconds=0.1)
     runner = KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "chattts_operator.handlers"],
                         timeout=60)
     with runner:
         yield runner
-    sharepolicy_handlers.configure(**saved)
     print(runner.output[-20000:])  # shown when the test fails
 
 

@@ -59,7 +59,7 @@ def _exposed_series_names(registry) -> set[str]:
 
 
 def test_dashboard_only_queries_metrics_the_code_exports():
-    from chattts_operator.metrics import REGISTRY as OPERATOR_REGISTRY
+    from chattts_operator.core.metrics import REGISTRY as OPERATOR_REGISTRY
     from chattts_runtime.metrics import RuntimeMetrics
 
     known = _exposed_series_names(OPERATOR_REGISTRY) | _exposed_series_names(RuntimeMetrics().registry)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chattts_operator.settings import ENV_PREFIX, OperatorSettings
+from chattts_operator.core.settings import ENV_PREFIX, OperatorSettings
 from conftest import CHART, REPO, Helm, by_kind, one
 
 pytestmark = pytest.mark.helm

@@ -98,14 +98,11 @@ def operator_running_as(identity: Identity, monkeypatch, expect_clean_exit: bool
     import kubernetes_asyncio.config.kube_config
     from kopf.testing import KopfRunner
 
-    import chattts_operator.handlers.sharepolicy as sharepolicy_handlers
-
     # Both clients read KUBECONFIG once, at import; point them (and kopf's login) at the token.
     monkeypatch.setenv("KUBECONFIG", str(identity.kubeconfig))
     monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(identity.kubeconfig))
     monkeypatch.setattr(kubernetes_asyncio.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
                         str(identity.kubeconfig))
-    monkeypatch.setattr(sharepolicy_handlers, "_config_loaded", False, raising=False)
     for name, value in identity.env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("CHATTTS_OPERATOR_METRICS_PORT", "0")  # any free port

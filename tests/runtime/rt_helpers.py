@@ -2,22 +2,18 @@
 from __future__ import annotations
 
 import asyncio
-import socket
+import hashlib
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from chattts_runtime.engines.base import SynthesisRequest
+from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -90,7 +86,7 @@ def tiny_server_config(checkpoint: Path, **overrides) -> dict:
         "engine_kind": "reference",
         "device": "cpu",
         "server": {"host": "127.0.0.1", "port": free_port(), "shutdown_grace_seconds": 30},
-        "generation": {"temperature": 0, "max_new_frames": 48},
+        "generation": {"temperature": 0, "max_new_frames": 48, "refine_text": False},
     }, overrides)
 
 
@@ -124,9 +120,16 @@ class Recorder:
         self.batches.append(batch_size)
 
 
+def fixed_speaker(model) -> np.ndarray:
+    """A fixed speaker vector, independent of how presets are drawn: the draw these engine tests
+    were written against (on the tiny random model some texts end early with it, others run on)."""
+    seed = int.from_bytes(hashlib.sha256(b"alloy").digest()[:8], "little")
+    return np.random.default_rng(seed).standard_normal(model.sizes.gpt.hidden_size).astype(np.float32)
+
+
 def request(model, i, text, params):
     prompt = model.tokenizer.build(text, with_speaker=True)
-    return SynthesisRequest(f"r{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params)
+    return SynthesisRequest(f"r{i}", prompt.input_ids, fixed_speaker(model), params)
 
 
 async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, **engine_kw):

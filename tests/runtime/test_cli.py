@@ -53,7 +53,7 @@ def test_missing_model_fails_before_serving(tmp_path):
 def test_broken_checkpoint_fails_start_up_with_exit_1(tmp_path, tiny_checkpoint):
     import shutil
 
-    from rt_helpers import free_port
+    from tests.support import free_port
 
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)
@@ -68,7 +68,7 @@ def test_broken_checkpoint_fails_start_up_with_exit_1(tmp_path, tiny_checkpoint)
 
 def _config(tmp_path, checkpoint, **generation):
     cfg = tmp_path / "runtime.yaml"
-    gen = {"temperature": 0, "max_new_frames": 24, **generation}
+    gen = {"temperature": 0, "max_new_frames": 24, "refine_text": False, **generation}
     cfg.write_text(json.dumps({"model": {"path": str(checkpoint)}, "engine_kind": "reference",
                                "device": "cpu", "generation": gen}))
     return cfg
@@ -135,7 +135,7 @@ def test_awq_quantize_load_generate_small_error(tmp_path, tiny_checkpoint, tiny_
 
     from awq.utils.packing_utils import dequantize_gemm as awq_dequantize
 
-    from chattts_runtime.quantize import dequantize_gemm
+    from chattts_runtime.model.awq import dequantize_gemm
 
     p = "layers.1.mlp.down_proj"
     ours = dequantize_gemm(body[p + ".qweight"], body[p + ".qzeros"], body[p + ".scales"], 4, 32)

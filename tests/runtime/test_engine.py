@@ -110,9 +110,11 @@ def test_abandoned_stream_is_aborted_and_engine_keeps_serving(tiny_model):
 
 
 def test_sampling_filters():
+    """Upstream's order: temperature, penalty, top-p then top-k keeping at least 3, end code blocked last."""
     import torch
 
-    from chattts_runtime.engines.reference import _Sequence, sample_codes
+    from chattts_runtime.engines.reference import _Sequence
+    from chattts_runtime.model.sampling import sample_tokens
 
     torch.manual_seed(0)
     logits = torch.randn(3, 4, 626)
@@ -125,18 +127,18 @@ def test_sampling_filters():
         return s
 
     # min_new_frames forbids the end code; greedy then takes the best other code
-    greedy_blocked = sample_codes(logits.clone(), [seq(temperature=0, min_new_frames=1)] * 3, eos)
+    greedy_blocked = sample_tokens(logits.clone(), [seq(temperature=0, min_new_frames=1)] * 3, eos)
     expected = logits[:, :, :eos].argmax(-1)
     assert torch.equal(greedy_blocked, expected)
-    # top_k=1 sampling is greedy
-    top1 = sample_codes(logits.clone(), [seq(temperature=1.0, top_k=1, min_new_frames=1) for _ in range(3)], eos)
-    assert torch.equal(top1, expected)
-    # a tiny top_p keeps only the best code too
-    tiny_p = sample_codes(logits.clone(), [seq(temperature=1.0, top_p=1e-6, top_k=0, min_new_frames=1)
-                                           for _ in range(3)], eos)
-    assert torch.equal(tiny_p, expected)
+    # top_k=1 and a tiny top_p still keep 3 candidates; with the end code among them and blocked
+    # after the warpers, the draws fall on the 2 best other codes
+    best2 = logits[:, :, :eos].topk(2, dim=-1).indices
+    for p in (dict(top_k=1), dict(top_p=1e-6, top_k=0)):
+        draws = torch.stack([sample_tokens(logits.clone(), [seq(temperature=1.0, min_new_frames=1, **p)
+                                                             for _ in range(3)], eos) for _ in range(20)])
+        assert bool((best2 == draws[..., None]).any(-1).all())
     # top_k=20: every sampled code is among each codebook's 20 best
-    wide = sample_codes(logits.clone(), [seq(temperature=1.0, top_k=20, top_p=1.0, min_new_frames=1)
-                                         for _ in range(3)], eos)
+    wide = sample_tokens(logits.clone(), [seq(temperature=1.0, top_k=20, top_p=1.0, min_new_frames=1)
+                                          for _ in range(3)], eos)
     best20 = logits[:, :, :eos].topk(20, dim=-1).indices
     assert bool((best20 == wide[..., None]).any(-1).all())

@@ -6,13 +6,14 @@ import concurrent.futures
 import io
 import json
 import signal
-import struct
 import wave
 
 import httpx
 import pytest
 
-from rt_helpers import REPO, RunningServer, free_port, speech, wait_ready
+from rt_helpers import REPO, RunningServer, speech, wait_ready
+
+from tests.support import free_port
 
 SAMPLES_PER_FRAME = 512
 
@@ -46,7 +47,7 @@ def server(request, tmp_path_factory, endless_checkpoint):
         "model": {"path": str(endless_checkpoint)}, "engine_kind": "reference", "device": "cpu",
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 64},
         "engine": {"max_num_seqs": 16},
-        "generation": {"temperature": 0, "max_new_frames": 48, "stream_chunk_frames": 12}}))
+        "generation": {"temperature": 0, "max_new_frames": 48, "stream_chunk_frames": 12, "refine_text": False}}))
     log = tmp / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
     proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg)],

@@ -15,7 +15,8 @@ from chattts_runtime.service import APIError, SpeechRequest, SpeechService
 def make_service(model, **generation) -> SpeechService:
     config = RuntimeConfig.model_validate({
         "engine_kind": "reference",
-        "generation": {"temperature": 0, "max_new_frames": 40, "stream_chunk_frames": 6, **generation},
+        "generation": {"temperature": 0, "max_new_frames": 40, "stream_chunk_frames": 6, "refine_text": False,
+                       **generation},
         "engine": {"max_model_len": 256}})
     metrics = RuntimeMetrics()
     engine = ReferenceEngine(model, max_model_len=config.engine.max_model_len, observer=metrics)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling import History, decide
-from chattts_operator.autoscaling.metrics import (
+from chattts_operator.autoscaling.signals import (
     MetricError,
     PodScrape,
     fleet_sample,
@@ -23,7 +23,7 @@ from chattts_operator.autoscaling.metrics import (
     scrape_pods,
 )
 from chattts_operator.autoscaling.status import history_from_status, next_status, status_patch, worth_writing
-from chattts_operator.handlers.autoscaling import pod_metrics_urls, replica_cap
+from chattts_operator.autoscaling.controller import pod_metrics_urls, replica_cap
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -290,7 +290,7 @@ def _ctd(rv: str, enabled=True, replicas=1, deleting=False):
 
 
 def test_observe_keeps_the_newest_object_and_forgets_disabled_ones():
-    from chattts_operator.handlers.autoscaling import Autoscaler, is_newer
+    from chattts_operator.autoscaling.controller import Autoscaler, is_newer
 
     scaler = Autoscaler.__new__(Autoscaler)  # no client needed for the bookkeeping
     scaler.bodies, scaler.states = {}, {}

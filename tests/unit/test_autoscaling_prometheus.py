@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,20 +19,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling.metrics import MetricError, query_prometheus
-from chattts_operator.handlers.autoscaling import Autoscaler
+from chattts_operator.autoscaling.signals import MetricError, query_prometheus
+from chattts_operator.autoscaling.controller import Autoscaler
+from tests.support import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="needs the prometheus binary (Debian package prometheus)"),
     pytest.mark.slow,
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +69,7 @@ def runtime_exposition():
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory, runtime_exposition):
     tmp_path = tmp_path_factory.mktemp("prometheus")
-    port = _free_port()
+    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{
@@ -160,7 +154,7 @@ def test_unreachable_prometheus_is_a_metric_error():
         import aiohttp
 
         async with aiohttp.ClientSession() as session:
-            await query_prometheus(session, f"http://127.0.0.1:{_free_port()}", "up", 2.0)
+            await query_prometheus(session, f"http://127.0.0.1:{free_port()}", "up", 2.0)
 
     with pytest.raises(MetricError, match="prometheus"):
         asyncio.run(run())

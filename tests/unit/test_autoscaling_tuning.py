@@ -6,7 +6,8 @@ import pytest
 
 from chattts_operator.api.autoscaling import BatchTokenTuning, BatchTokenTuningStatus, format_time
 from chattts_operator.api.chattts import ChatTTSDeploymentSpec
-from chattts_operator.autoscaling.tuning import effective_spec, tune_batch_tokens
+from chattts_operator.autoscaling.tuning import tune_batch_tokens
+from chattts_operator.deployment.spec import effective_spec
 
 T0 = 1_800_000_000.0
 TARGET = 0.005

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from chattts_operator.reconcile import InvalidSpec, parse_spec
+from chattts_operator.deployment.spec import InvalidSpec, parse_spec
 
 
 def valid_object(name: str = "tts") -> dict[str, Any]:

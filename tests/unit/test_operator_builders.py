@@ -8,10 +8,10 @@ import yaml
 
 from chattts_runtime.config import RuntimeConfig
 
-from chattts_operator import builders
+from chattts_operator.deployment import children as builders
 from chattts_operator.api import ChatTTSDeploymentSpec
-from chattts_operator.gpu import assign_gpu
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.deployment.gpu import assign_gpu
+from chattts_operator.core.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
 OWNER = builders.Owner(name="tts", namespace="voice", uid="1234")

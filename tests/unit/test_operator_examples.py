@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chattts_operator.reconcile import desired_state, parse_spec
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.deployment.spec import desired_state, parse_spec
+from chattts_operator.core.settings import OperatorSettings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 SETTINGS = OperatorSettings(mig_profiles=("1g.18gb", "2g.35gb", "3g.71gb"))

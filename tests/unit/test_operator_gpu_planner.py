@@ -7,15 +7,16 @@ from chattts_runtime.config import WeightFormat
 
 from chattts_operator.api import EngineSpec, GpuSpec, ModelShape
 from chattts_operator.api.chattts import parse_quantity, quantity_to_mib
-from chattts_operator.gpu import (
+from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
+    GpuCodec,
     assign_gpu,
     mig_profile_memory_mib,
     node_affinity,
     smallest_mig_profile,
 )
-from chattts_operator.planner import BYTES_4BIT_GROUP128, plan_memory
-from chattts_operator.settings import OperatorSettings, SettingsError
+from chattts_operator.deployment.memory import BYTES_4BIT_GROUP128, plan_memory
+from chattts_operator.core.settings import OperatorSettings, SettingsError
 
 SETTINGS = OperatorSettings()
 
@@ -92,6 +93,41 @@ def test_smallest_mig_profile(mib, profiles, expected):
 
 def test_mig_memory_is_decimal_gb():
     assert mig_profile_memory_mib("1g.10gb") == int(10 * 1000**3 / 2**20)
+
+
+# Every MIG profile NVIDIA lists for the H100 80GB (the default) and the H200 141GB.
+ALL_MIG_PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb",
+                    "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
+RENAMED = OperatorSettings(gpu_memory_resource="example.com/vram", gpu_resource="example.com/gpu",
+                           hami_memory_resource="example.com/gpumem", mig_resource_prefix="example.com/slice-",
+                           node_memory_label="example.com/gpu-mib")
+
+
+@pytest.mark.parametrize("names", [SETTINGS, RENAMED], ids=["default", "renamed"])
+@pytest.mark.parametrize("profile", ALL_MIG_PROFILES)
+@pytest.mark.parametrize("count", [1, 2])
+def test_gpu_codec_round_trips_every_mig_profile(names, profile, count):
+    """The pod limits assign_gpu writes read back (the share policy's direction) as exactly
+    the memory the assignment budgets, with the configured names: MiB in, MiB out."""
+    settings = names.model_copy(update={"mig_profiles": (profile,)})
+    mib = mig_profile_memory_mib(profile)
+    assignment = assign_gpu(GpuSpec(memory=f"{mib}Mi", count=count, profile="mig"), settings)
+    assert assignment.mig_profile == profile
+    assert assignment.limits == {f"{settings.mig_resource_prefix}{profile}": str(count)}
+    codec = GpuCodec.from_settings(settings)
+    assert codec.container_memory_mib({"limits": assignment.limits}, per_gpu_mib=0) == mib * count
+    assert assignment.memory_per_gpu_mib == mib
+    node = {"metadata": {"labels": {settings.node_memory_label: "143771"}},
+            "status": {"allocatable": {f"{settings.mig_resource_prefix}{profile}": "7"}}}
+    assert codec.node_memory_mib(node) == 7 * mib
+
+
+@pytest.mark.parametrize("settings", [SETTINGS, RENAMED], ids=["default", "renamed"])
+@pytest.mark.parametrize("profile", ["gpu-memory", "hami"])
+def test_gpu_codec_round_trips_memory_profiles(settings, profile):
+    assignment = assign_gpu(GpuSpec(memory="10000Mi", count=2, profile=profile), settings)
+    codec = GpuCodec.from_settings(settings)
+    assert codec.container_memory_mib({"limits": assignment.limits}, per_gpu_mib=0) == 2 * 10_000
 
 
 @pytest.mark.parametrize("profile", ["gpu-memory", "hami", "whole-gpu", "mig"])

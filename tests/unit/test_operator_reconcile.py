@@ -5,21 +5,12 @@ import copy
 
 import pytest
 
-from chattts_operator.builders import INTENT_HASH_ANNOTATION
-from chattts_operator.controller import owner_key
-from chattts_operator.reconcile import (
-    Observed,
-    compute_status,
-    desired_state,
-    effective_replicas,
-    is_subset,
-    merge_conditions,
-    needs_apply,
-    parse_spec,
-    status_changed,
-    transitions,
-)
-from chattts_operator.settings import OperatorSettings
+from chattts_operator.core.conditions import merge_conditions
+from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.controller import owner_key
+from chattts_operator.deployment.spec import desired_state, effective_replicas, is_subset, needs_apply, parse_spec
+from chattts_operator.deployment.status import Observed, compute_status, status_changed, transitions
 
 SETTINGS = OperatorSettings()
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
@@ -285,7 +276,7 @@ def test_owner_key():
      (None, "5", False)],
 )
 def test_newer_resource_version(a, b, newer):
-    from chattts_operator.kube import is_newer as _newer
+    from chattts_operator.core.kube import is_newer as _newer
 
     def o(rv):
         return None if rv is None else {"metadata": {"resourceVersion": rv}}

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from chattts_operator.scheduling import clock
+from chattts_operator.core import clock
 
 
 def test_manual_clock_is_installed_and_restored():

@@ -3,13 +3,13 @@ the GPU memory asked by members never exceeds the pool at any step."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from chattts_operator.api.sharepolicy import GPUSharePolicySpec
-from chattts_operator.scheduling.planner import OfflineMember, OnlineMember, PoolNode, plan
+from chattts_operator.sharepolicy.planner import OfflineMember, OnlineMember, PoolNode, plan
 
 UTC = timezone.utc
 DAYTIME = datetime(2026, 6, 1, 12, tzinfo=UTC)  # a Monday

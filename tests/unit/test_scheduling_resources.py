@@ -1,20 +1,19 @@
-"""GPU memory of nodes and pods in MiB across sharing profiles; label selectors."""
+"""GPU memory of nodes and pods in MiB across sharing profiles (the deployment's GPU codec,
+read back); label selectors."""
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
 
+from chattts_operator.api.common import bytes_to_mib
+from chattts_operator.api.common import parse_live_quantity as parse_quantity
 from chattts_operator.api.sharepolicy import LabelSelector
-from chattts_operator.scheduling.resources import (
-    bytes_to_mib,
-    node_gpu_memory_mib,
-    node_is_usable,
-    parse_quantity,
-    pod_spec_gpu_memory_mib,
-    selector_matches,
-    selector_string,
-)
+from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, mig_profile_memory_mib
+from chattts_operator.sharepolicy.resources import node_is_usable, selector_matches, selector_string
+
+node_gpu_memory_mib = DEFAULT_GPU_CODEC.node_memory_mib
+pod_spec_gpu_memory_mib = DEFAULT_GPU_CODEC.pod_spec_memory_mib
 
 
 @pytest.mark.parametrize(
@@ -52,7 +51,7 @@ NODE_CASES = [
     ("whole GPUs x GFD label", node({"nvidia.com/gpu": "8"}, H200_LABELS), 8 * 143_771),
     ("GFD labels only", node({}, H200_LABELS), 8 * 143_771),
     ("MIG slices", node({"nvidia.com/mig-1g.18gb": "16", "nvidia.com/mig-3g.71gb": "8"}, {"nvidia.com/gpu.memory": "143771"}),
-     16 * 18 * 1024 + 8 * 71 * 1024),
+     16 * mig_profile_memory_mib("1g.18gb") + 8 * mig_profile_memory_mib("3g.71gb")),
     ("volcano", node({"volcano.sh/vgpu-memory": "40000"}), 40_000),
     ("no GPUs", node({"cpu": "8"}), 0),
 ]
@@ -82,7 +81,7 @@ POD_CASES = [
     ("hami: MiB per GPU x GPUs", pod({"nvidia.com/gpumem": "10000", "nvidia.com/gpu": "2"}), 20_000),
     ("hami percentage", pod({"nvidia.com/gpumem-percentage": "50", "nvidia.com/gpu": "1"}), 71_886),
     ("whole GPU", pod({"nvidia.com/gpu": "2"}), 2 * 143_771),
-    ("MIG", pod({"nvidia.com/mig-2g.35gb": "1"}), 35 * 1024),
+    ("MIG", pod({"nvidia.com/mig-2g.35gb": "1"}), mig_profile_memory_mib("2g.35gb")),
     ("two containers add up", pod({"nvidia.com/gpu.memory": "1000"}, {"nvidia.com/gpu.memory": "500"}), 1_500),
     ("a bigger init container decides", pod({"nvidia.com/gpu.memory": "1000"}, init=[{"nvidia.com/gpu.memory": "4000"}]), 4_000),
     ("CPU only", pod({"cpu": "1"}), 0),

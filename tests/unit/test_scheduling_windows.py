@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from chattts_operator.api.sharepolicy import GPUSharePolicySpec
-from chattts_operator.scheduling.windows import local_instant, occurrence, overlapping_windows, resolve
+from chattts_operator.sharepolicy.windows import local_instant, occurrence, overlapping_windows, resolve
 
 UTC = timezone.utc
 

@@ -68,7 +68,7 @@ def test_the_examples_are_valid():
 
     import yaml
 
-    from chattts_operator.scheduling.observe import offline_member
+    from chattts_operator.sharepolicy.observe import offline_member
 
     root = Path(__file__).resolve().parents[2] / "deploy" / "examples"
     policy = yaml.safe_load((root / "gpusharepolicy.yaml").read_text())

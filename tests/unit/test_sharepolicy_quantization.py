@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from chattts_operator.api.quantization import (
-    QuantizationSpec,
-    build_quantization_job,
+from chattts_operator.api.quantization import QuantizationSpec
+from chattts_operator.deployment.quantization import (
     job_name,
     job_state,
     plan_quantization,

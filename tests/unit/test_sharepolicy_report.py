@@ -4,10 +4,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from chattts_operator.api.sharepolicy import GPUSharePolicySpec, GPUSharePolicyStatus
-from chattts_operator.scheduling.observe import largest_gpu_mib, offline_member, online_member, pool_nodes
-from chattts_operator.scheduling.planner import plan
-from chattts_operator.scheduling.priorityclasses import priority_class_manifests
-from chattts_operator.scheduling.report import policy_events, policy_status, writes_for
+from chattts_operator.sharepolicy.observe import largest_gpu_mib, offline_member, online_member, pool_nodes
+from chattts_operator.sharepolicy.planner import plan
+from chattts_operator.sharepolicy.priorityclasses import priority_class_manifests
+from chattts_operator.sharepolicy.report import policy_events, policy_status, writes_for
 
 UTC = timezone.utc
 NOON = datetime(2026, 6, 1, 12, tzinfo=UTC)
@@ -161,7 +161,7 @@ def test_status_lists_a_bounded_number_of_members():
 
 def test_shared_nodes_between_policies():
     from chattts_operator.api.sharepolicy import LabelSelector
-    from chattts_operator.scheduling.observe import shared_nodes
+    from chattts_operator.sharepolicy.observe import shared_nodes
 
     a, b = node("a", 100_000), node("b", 100_000)
     a["metadata"]["labels"]["pool"] = "tts"

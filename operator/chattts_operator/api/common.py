@@ -1,7 +1,11 @@
-"""Pieces shared by every kind: the condition type and the description of a CRD kind."""
+"""Pieces shared by every kind: the condition type, the description of a CRD kind, and
+quantities as live objects carry them."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from types import ModuleType
 from typing import Any, Literal
 
@@ -57,3 +61,35 @@ class CrdKind:
             printer_columns=list(getattr(module, "PRINTER_COLUMNS", [])),
             scale=getattr(module, "SCALE_SUBRESOURCE", None),
         )
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+            "P": Decimal(10**15), "E": Decimal(10**18)}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+MIB = 2**20
+
+
+def parse_live_quantity(value: Any) -> Decimal:
+    """A quantity as a live object carries it ('24Gi', '1500M', '3', 3, '100m') as a Decimal; ValueError
+    if malformed. Lenient where the spec's ``api.chattts.parse_quantity`` is strict."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid quantity {value!r}")
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(f"invalid quantity {value!r}: expected a number with an optional suffix such as Mi or Gi")
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation:
+        raise ValueError(f"invalid quantity {value!r}") from None
+    suffix = match.group(2) or ""
+    return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
+
+
+def bytes_to_mib(quantity: Any) -> int:
+    """A memory quantity in bytes ('24Gi') -> whole MiB, rounded up (never under-count)."""
+    return int(math.ceil(parse_live_quantity(quantity) / MIB))

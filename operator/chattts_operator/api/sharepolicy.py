@@ -53,9 +53,6 @@ OFFLINE_PRIORITY_ANNOTATION = "tts.chattts.io/offline-priority"
 # Annotations the operator writes on an online member (a ChatTTSDeployment):
 REPLICA_CAP_ANNOTATION = "tts.chattts.io/replica-cap"  # the most replicas the policy allows now
 REPLICA_CAP_REASON_ANNOTATION = "tts.chattts.io/replica-cap-reason"
-# Annotation the operator writes on a Job it suspended, so it only resumes its own suspensions
-# when the user wants the job held ("hold" by the user is spec.suspend with no annotation).
-SUSPENDED_BY_ANNOTATION = "tts.chattts.io/suspended-by"
 
 # PriorityClasses the operator maintains: online pods may preempt offline ones.
 ONLINE_PRIORITY_CLASS = "chattts-online"

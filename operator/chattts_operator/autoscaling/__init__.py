@@ -1,7 +1,8 @@
-"""Autoscaling on scheduler_deadline_wait: the pure decision and the metric readers.
+"""Autoscaling on scheduler_deadline_wait, read top-down: decision.py (pure), signals.py (the
+metric readers), status.py, tuning.py, then controller.py (the loop and its I/O).
 
-``decide`` is pure (no I/O, time passed in); the readers in ``metrics`` do the I/O and
-the kopf handler in ``chattts_operator.handlers.autoscaling`` wires them together.
+``decide`` is pure (no I/O, time passed in); the readers in ``signals`` do the I/O and
+``controller.Autoscaler`` wires them together.
 """
 from chattts_operator.autoscaling.decision import (
     Decision,

@@ -66,7 +66,7 @@ class FleetSample:
 
 @dataclass(frozen=True)
 class History:
-    """What must persist between evaluations (the handler keeps it in status).
+    """What must persist between evaluations (the controller keeps it in status).
 
     ``recommendations`` are (time, replicas) raw recommendations for the stabilization
     windows; ``scale_events`` are (time, change) replica changes for the rate policies."""

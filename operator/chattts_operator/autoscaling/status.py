@@ -14,6 +14,7 @@ from chattts_operator.api.autoscaling import (
     parse_time,
 )
 from chattts_operator.autoscaling.decision import Decision, History
+from chattts_operator.core.conditions import condition, merge_conditions
 
 
 def history_from_status(status: AutoscalingStatus | None) -> History:
@@ -27,10 +28,9 @@ def history_from_status(status: AutoscalingStatus | None) -> History:
 
 
 def _condition(previous: list[AutoscalingCondition], ctype: str, ok: bool, reason: str, message: str, now: str) -> AutoscalingCondition:
-    status = "True" if ok else "False"
-    old = next((c for c in previous if c.type == ctype), None)
-    since = old.last_transition_time if old is not None and old.status == status else now
-    return AutoscalingCondition(type=ctype, status=status, reason=reason, message=message, last_transition_time=since)
+    before = [c.model_dump(by_alias=True) for c in previous]
+    [merged] = merge_conditions(before, [condition(ctype, ok, reason, message)], now)
+    return AutoscalingCondition.model_validate(merged)
 
 
 def next_status(

@@ -13,12 +13,12 @@ to hold for its whole period, and each change restarts both clocks. Every change
 rolling update, so it is rare: at most one step per ``sustainedFor``.
 
 The tuned value lives in ``status.autoscaling.batchTokenTuning.maxNumBatchedTokens``;
-``effective_spec`` applies it over ``spec.engine`` for the builders and the planner.
+``deployment.spec.effective_spec`` applies it over ``spec.engine`` for the builders and the planner.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from chattts_operator.api.autoscaling import (
     BatchTokenTuning,
@@ -100,21 +100,3 @@ def tune_batch_tokens(
                               f"wait below half the target for {tuning.quiet_period}: "
                               f"maxNumBatchedTokens {current} -> {value or base_value}")
     return TuningDecision(state(tuned, False), tuned, False, "", "no change")
-
-
-def effective_spec(body: dict[str, Any], spec: Any) -> Any:
-    """``spec`` (a ChatTTSDeploymentSpec) with the tuned maxNumBatchedTokens applied, when
-    batch-token tuning is enabled and has raised it; otherwise ``spec`` unchanged."""
-    auto = getattr(spec, "autoscaling", None)
-    if auto is None or not auto.batch_token_tuning.enabled:
-        return spec
-    tuned = (((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}).get(
-        "maxNumBatchedTokens")
-    if not isinstance(tuned, int) or tuned <= (spec.engine.max_num_batched_tokens or 0):
-        return spec
-    if auto.batch_token_tuning.cap is not None and tuned > auto.batch_token_tuning.cap:
-        tuned = auto.batch_token_tuning.cap  # the cap was lowered since: respect it at once
-        if tuned <= (spec.engine.max_num_batched_tokens or 0):
-            return spec
-    engine = spec.engine.model_copy(update={"max_num_batched_tokens": tuned})
-    return spec.model_copy(update={"engine": engine})

@@ -29,6 +29,8 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 import numpy as np
 
+from chattts_runtime.model.sampling import SamplingParams
+
 
 class EngineError(RuntimeError):
     pass
@@ -46,36 +48,6 @@ class EngineStopped(EngineError):
     pass
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """ChatTTS code sampling. ``temperature == 0`` means greedy (deterministic)."""
-
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    repetition_window: int = 16
-    max_new_frames: int = 2048
-    min_new_frames: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 = off)")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if self.max_new_frames < 1:
-            raise ValueError("max_new_frames must be >= 1")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
 @dataclass
 class SynthesisRequest:
     request_id: str
@@ -87,6 +59,13 @@ class SynthesisRequest:
     # Stream decoded audio (``FrameChunk.audio``) instead of leaving decoding to the caller. Only
     # engines with ``decodes_audio = True`` honour it; the speech API asks only those.
     want_audio: bool = False
+    # Audio codes ``[T, num_vq]`` after the text prompt (a voice from a reference clip, upstream's
+    # ``spk_smp``): embedded as generated frames are; the reference engine only.
+    prompt_codes: np.ndarray | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_ids) + (0 if self.prompt_codes is None else len(self.prompt_codes))
 
 
 @dataclass

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from chattts_runtime.audio_io import StreamWindows, unsent_samples
 from chattts_runtime.engines.base import EngineError, FrameChunk, SchedulerObserver, SynthesisRequest
 from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
+from chattts_runtime.model.sampling import block_end, draw, repetition_counts, token_probs
 
 log = logging.getLogger(__name__)
 
@@ -159,42 +160,27 @@ class SlotState:
 def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torch.Tensor:
     """``logits [B, num_vq, V]`` float32 of slots ``rows`` -> codes ``[B, num_vq]``.
 
-    The reference engine's ``sample_codes`` as fixed-shape tensor arithmetic over the
-    slots' parameters: greedy rows take the argmax, the others temperature, repetition
-    penalty over their last ``window`` frames, top-k, top-p and one uniform per head.
+    ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
+    greedy rows take the argmax, the others ``token_probs`` over their last ``window`` frames
+    and one counter-based uniform per head.
     """
     b, q, v = logits.shape
     generated = state.generated[rows]
-    blocked = (generated < state.min_frames[rows])[:, None, None]
-    logits = torch.cat((logits[:, :, :eos], torch.where(blocked, -torch.inf, logits[:, :, eos:eos + 1]),
-                        logits[:, :, eos + 1:]), dim=-1)
-    greedy_codes = logits.argmax(dim=-1)
+    blocked = generated < state.min_frames[rows]
+    greedy_codes = block_end(logits, blocked, eos).argmax(dim=-1)
     temperature = state.temperature[rows]
     greedy = temperature == 0
-    scores = logits / torch.where(greedy, 1.0, temperature)[:, None, None]
 
-    # Repetition penalty: counts of each code among the row's last `window` frames (eos exempt).
+    # Repetition counts of each code among the row's last `window` frames.
     w = MAX_REPETITION_WINDOW
     age = (generated[:, None] - 1 - state.columns[None, :w]) % w  # ring slot j holds frame generated-1-age
     recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
     recent = torch.where(recent_ok[:, :, None], state.history[rows], v)  # v = "no code"
-    freq = torch.zeros(b, q, v + 1, device=logits.device)
-    freq.scatter_add_(2, recent.transpose(1, 2), torch.ones(b, q, w, device=logits.device))
-    freq = torch.cat((freq[:, :, :eos], torch.zeros_like(freq[:, :, eos:eos + 1]), freq[:, :, eos + 1:v]), dim=-1)
-    alpha = torch.pow(state.penalty[rows][:, None, None], freq)
-    scores = torch.where(scores < 0, scores * alpha, scores / alpha)
-
-    top_k = state.top_k[rows]
-    ks = torch.where((top_k > 0) & (top_k < v), top_k, v)
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-    kth = sorted_scores.gather(2, (ks - 1)[:, None, None].expand(b, q, 1))
-    drop = sorted_scores < kth
-    sorted_probs = sorted_scores.masked_fill(drop, -torch.inf).softmax(dim=-1)
-    drop = drop | ((sorted_probs.cumsum(dim=-1) - sorted_probs) > state.top_p[rows][:, None, None])
-    probs = sorted_scores.masked_fill(drop, -torch.inf).softmax(dim=-1)
-    uniforms = counter_uniforms(state.seed[rows], generated, q)
-    pick = torch.searchsorted(probs.cumsum(dim=-1), uniforms[:, :, None]).clamp_(max=v - 1)
-    sampled = order.gather(2, pick).squeeze(-1)
+    probs, order = token_probs(
+        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), state.penalty[rows],
+        repetition_counts(recent, v), state.top_p[rows], state.top_k[rows],
+        blocked, eos)
+    sampled = draw(probs, order, counter_uniforms(state.seed[rows], generated, q))
     return torch.where(greedy[:, None], greedy_codes, sampled)
 
 
@@ -430,6 +416,11 @@ class GraphEngine(ReferenceEngine):
         return len(self._running)
 
     def submit(self, request: SynthesisRequest):
+        if request.prompt_codes is not None:
+            raise EngineError("the graph engine takes text prompts only; a voice sample needs the reference engine")
+        if request.params.uniform_temperature is None:
+            raise EngineError("the graph engine samples every codebook at one temperature; "
+                              "per-codebook temperatures need the reference engine")
         if request.params.repetition_window > MAX_REPETITION_WINDOW:
             raise EngineError(f"repetition_window {request.params.repetition_window} exceeds "
                               f"{MAX_REPETITION_WINDOW} (graph engine)")
@@ -639,7 +630,7 @@ class GraphEngine(ReferenceEngine):
             seed = seq.generator.initial_seed() if seq.generator is not None else 0
             meta[row, :PF_META] = (len(ids), seq.slot, req.speaker is not None, p.top_k, p.repetition_window,
                                    p.min_new_frames, _signed(seed % _U64))
-            floats[row, :PF_FLOAT_META] = (p.temperature, p.top_p, p.repetition_penalty)
+            floats[row, :PF_FLOAT_META] = (p.uniform_temperature, p.top_p, p.repetition_penalty)
             if req.speaker is not None:
                 floats[row, PF_FLOAT_META:] = req.speaker
             seq.position = len(ids)

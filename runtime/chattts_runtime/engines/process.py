@@ -266,8 +266,8 @@ class ProcessEngine(Engine):
             raise EngineStopped(f"engine process failed: {self.failed}")
         if self._stopping or self._loop is None:
             raise EngineStopped("engine is not running")
-        if len(request.prompt_ids) + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
         if len(self._requests) >= self.max_waiting:
             raise QueueFull(len(self._requests), retry_after=1.0)

@@ -26,6 +26,7 @@ from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull,
     SchedulerObserver, SynthesisRequest, stream_chunks)
 from chattts_runtime.engines.kvcache import BatchKVCache
+from chattts_runtime.model.sampling import new_generator, sample_tokens
 
 log = logging.getLogger(__name__)
 
@@ -39,54 +40,9 @@ class _Sequence:
     position: int = 0  # position id of the next input
     done: bool = False
 
-
-def sample_codes(logits: torch.Tensor, seqs: list[_Sequence], eos: int) -> torch.Tensor:
-    """``logits [B, num_vq, V]`` float32 -> codes ``[B, num_vq]`` following each request's params.
-
-    Row-wise operations only, so a row's result does not depend on the batch. Sampled
-    rows draw their uniforms from their own generator (seeded requests reproduce).
-    """
-    params = [s.request.params for s in seqs]
-    counts = [len(s.frames) for s in seqs]
-    blocked = [i for i, (p, n) in enumerate(zip(params, counts)) if n < p.min_new_frames]
-    if blocked:
-        logits = logits.clone()
-        logits[blocked, :, eos] = -torch.inf
-    out = logits.argmax(dim=-1)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not rows:
-        return out
-    dev = logits.device
-    sub = logits[rows]
-    b, q, v = sub.shape
-    ps = [params[i] for i in rows]
-    sub = sub / torch.tensor([p.temperature for p in ps], device=dev)[:, None, None]
-    penalties = torch.tensor([p.repetition_penalty for p in ps], device=dev)
-    if bool((penalties != 1.0).any()):
-        window = max(p.repetition_window for p in ps)
-        recent = torch.full((b, window, q), v, dtype=torch.long)  # v = "no code" (padding column)
-        for j, i in enumerate(rows):
-            frames = seqs[i].frames[-ps[j].repetition_window:]
-            if frames:
-                recent[j, window - len(frames):] = torch.from_numpy(np.stack(frames))
-        freq = torch.zeros(b, q, v + 1, device=dev)
-        freq.scatter_add_(2, recent.to(dev).transpose(1, 2), torch.ones(b, q, window, device=dev))
-        freq = freq[:, :, :v]
-        freq[:, :, eos] = 0  # the end code is never penalised
-        alpha = torch.pow(penalties[:, None, None], freq)
-        sub = torch.where(sub < 0, sub * alpha, sub / alpha)
-    ks = torch.tensor([p.top_k if 0 < p.top_k < v else v for p in ps], device=dev)
-    sorted_scores, order = torch.sort(sub, dim=-1, descending=True)
-    kth = sorted_scores.gather(2, (ks - 1)[:, None, None].expand(b, q, 1))
-    drop_sorted = sorted_scores < kth
-    top_p = torch.tensor([p.top_p for p in ps], device=dev)[:, None, None]
-    sorted_probs = sorted_scores.masked_fill(drop_sorted, -torch.inf).softmax(dim=-1)
-    drop_sorted |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p  # keep the code that crosses top_p
-    probs = sorted_scores.masked_fill(drop_sorted, -torch.inf).softmax(dim=-1)
-    uniforms = torch.stack([torch.rand(q, generator=seqs[i].generator) for i in rows]).to(dev)
-    pick = torch.searchsorted(probs.cumsum(dim=-1), uniforms[:, :, None]).clamp_(max=v - 1)
-    out[rows] = order.gather(2, pick).squeeze(-1)
-    return out
+    @property
+    def params(self):
+        return self.request.params
 
 
 class ReferenceEngine(Engine):
@@ -178,19 +134,15 @@ class ReferenceEngine(Engine):
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
-        if len(request.prompt_ids) + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
         with self._cond:
             if self._stopping:
                 raise EngineStopped("engine is stopping")
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(len(self._waiting), retry_after=1.0)
-            seq = _Sequence(request)
-            if not request.params.greedy:
-                seq.generator = torch.Generator(device="cpu")
-                seq.generator.manual_seed(request.params.seed if request.params.seed is not None
-                                          else int(np.random.SeedSequence().entropy % (2**63)))
+            seq = _Sequence(request, generator=new_generator(request.params))
             self._waiting.append(seq)
             self._cond.notify()
 
@@ -270,6 +222,9 @@ class ReferenceEngine(Engine):
         embeds = [model.gpt.prompt_embeds(s.request.prompt_ids,
                                           torch.from_numpy(s.request.speaker) if s.request.speaker is not None
                                           else None, model.tokenizer.spk_emb_id)[0] for s in seqs]
+        embeds = [e if s.request.prompt_codes is None else
+                  torch.cat((e, model.gpt.embed.embed_codes(torch.from_numpy(s.request.prompt_codes).to(dev)).to(e.dtype)))
+                  for s, e in zip(seqs, embeds)]
         t = max(e.shape[0] for e in embeds)
         batch = torch.zeros(len(seqs), t, embeds[0].shape[-1], dtype=embeds[0].dtype, device=dev)
         valid = torch.zeros(len(seqs), t, dtype=torch.bool, device=dev)
@@ -287,7 +242,7 @@ class ReferenceEngine(Engine):
             seq.position = e.shape[0]
         self._running.extend(seqs)
         self._cache.add_rows(cache)
-        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
+        self._accept_all(seqs, sample_tokens(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
     def _decode_step(self, events: list[tuple[str, FrameChunk]]) -> None:
         model = self.model
@@ -300,7 +255,7 @@ class ReferenceEngine(Engine):
         self.observer.on_step(len(seqs))
         for seq in seqs:
             seq.position += 1
-        self._accept_all(seqs, sample_codes(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
+        self._accept_all(seqs, sample_tokens(model.gpt.embed.code_logits(hidden), seqs, self._eos), hidden, events)
 
     def _accept_all(self, seqs: list[_Sequence], codes: torch.Tensor, hidden: torch.Tensor,
                     events: list[tuple[str, FrameChunk]]) -> None:

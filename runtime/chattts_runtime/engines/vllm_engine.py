@@ -199,7 +199,7 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model, observer: SchedulerObserver | None = None) -> "VLLMEngine":
-        """The speech server's constructor (``server.create_engine``)."""
+        """The speech server's constructor (``engines.factory.create_engine``)."""
         return cls(model, config, max_waiting=config.server.max_queue, observer=observer)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -255,6 +255,8 @@ class VLLMEngine(Engine):
             raise EngineStopped(f"the vLLM engine core died: {self._dead}")
         if request.want_hidden:
             raise EngineError("the vllm engine streams audio codes only (no GPT hidden states)")
+        if request.prompt_codes is not None:
+            raise EngineError("the vllm engine takes text prompts only; a voice sample needs the reference engine")
         if len(request.prompt_ids) + 1 > self.max_model_len:
             raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
                               f"{self.max_model_len}")

@@ -16,7 +16,7 @@ Pure Python: importing this module does not import torch.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,12 @@ DVAE_WEIGHTS = "asset/DVAE.safetensors"
 DECODER_WEIGHTS = "asset/Decoder.safetensors"
 VOCOS_WEIGHTS = "asset/Vocos.safetensors"
 TOKENIZER_DIR = "asset/tokenizer"
-# Optional speaker statistics (std then mean, 2 * hidden floats), as in older official releases.
+# Speaker statistics (std then mean, 2 * hidden floats): the older official layout's torch file,
+# or a safetensors file ('spk_stat'), which our random checkpoints write. The current official
+# layout has neither (see model/speaker.py for where they come from then).
+SPEAKER_STATS_PT = "asset/spk_stat.pt"
 SPEAKER_STATS = "asset/spk_stat.safetensors"
+SPEAKER_STAT_FILES = (SPEAKER_STATS_PT, SPEAKER_STATS)
 RUNTIME_SIZES = "chattts_runtime.json"
 
 SAMPLE_RATE = 24_000
@@ -106,6 +110,9 @@ class ModelSizes:
         default_factory=lambda: ConvStackSizes(idim=384, odim=384, hidden=512, n_layer=12, bn_dim=128))
     dvae_decoder: ConvStackSizes = field(
         default_factory=lambda: ConvStackSizes(idim=512, odim=512, hidden=256, n_layer=12, bn_dim=128))
+    # The DVAE's encoder half (reference audio -> codes, for a voice from a sample).
+    dvae_encoder: ConvStackSizes = field(
+        default_factory=lambda: ConvStackSizes(idim=512, odim=1024, hidden=256, n_layer=12, bn_dim=128))
     fsq: FSQSizes = field(default_factory=FSQSizes)
     vocos: VocosSizes = field(default_factory=VocosSizes)
     n_mels: int = 100
@@ -114,9 +121,6 @@ class ModelSizes:
     def samples_per_frame(self) -> int:
         """Audio samples per GPT frame: each frame becomes 2 mel frames of ``hop_length``."""
         return 2 * self.vocos.hop_length
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
 def _only_known(cls: type, data: Any, where: str) -> dict[str, Any]:
@@ -133,7 +137,7 @@ def _build_sizes(data: dict[str, Any], where: str) -> ModelSizes:
     kwargs: dict[str, Any] = {}
     if "gpt" in top:
         kwargs["gpt"] = GPTSizes(**_only_known(GPTSizes, top["gpt"], f"{where}: gpt"))
-    for name in ("decoder", "dvae_decoder"):
+    for name in ("decoder", "dvae_decoder", "dvae_encoder"):
         if name in top:
             kwargs[name] = ConvStackSizes(**_only_known(ConvStackSizes, top[name], f"{where}: {name}"))
     if "fsq" in top:

@@ -1,28 +1,30 @@
 """Load a ChatTTS checkpoint directory (official layout) into :class:`ChatTTSModel`."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from chattts_runtime.model import config as layout
 from chattts_runtime.model.audio import MelDecoder, Vocos
+from chattts_runtime.model.awq import dequantize_awq_state, gpt_quantization
+from chattts_runtime.model.encoder import DVAEEncoder
 from chattts_runtime.model.config import CheckpointError, ModelSizes, load_model_sizes
 from chattts_runtime.model.gpt import ChatTTSGPT
 from chattts_runtime.model.prompt import PromptTokenizer
 from chattts_runtime.model.speaker import (
-    PRESET_VOICES, SpeakerError, decode_speaker, looks_like_speaker_string, preset_speaker)
+    PRESET_VOICES, SpeakerError, SpeakerStats, decode_speaker, find_speaker_stats, looks_like_speaker_string,
+    missing_stats_message, normalize_speaker, preset_speaker)
 
 log = logging.getLogger(__name__)
 
+ENCODER_PREFIXES = ("encoder.", "downsample_conv.", "preprocessor_mel.")
 # Keys present in official files that the serving path does not use.
 _SKIPPED_PREFIXES = {
-    layout.DVAE_WEIGHTS: ("encoder.", "downsample_conv.", "preprocessor_mel."),
+    layout.DVAE_WEIGHTS: ENCODER_PREFIXES,  # loaded into the DVAEEncoder instead (model/encoder.py)
     layout.VOCOS_WEIGHTS: ("feature_extractor.",),
     layout.GPT_WEIGHTS: ("embed_tokens.",),
 }
@@ -51,12 +53,6 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], root: Path, rel
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
-def gpt_quantization(model_dir: Path) -> dict | None:
-    data = json.loads((model_dir / layout.GPT_CONFIG).read_text())
-    q = data.get("quantization_config")
-    return q if isinstance(q, dict) else None
-
-
 @dataclass
 class ChatTTSModel:
     sizes: ModelSizes
@@ -65,25 +61,28 @@ class ChatTTSModel:
     decoder: MelDecoder | None  # hidden states -> mel (optional path)
     vocos: Vocos
     tokenizer: PromptTokenizer
-    speaker_std: np.ndarray
-    speaker_mean: np.ndarray
+    speaker_stats: SpeakerStats | None  # None: the checkpoint has none, presets are refused
     quantization: dict | None = None
+    root: Path | None = None
+    encoder: DVAEEncoder | None = None  # reference clip -> codes (voice from a sample); None if not shipped
 
     @property
     def device(self) -> torch.device:
         return self.gpt.device
 
     def speaker_for(self, voice: str) -> torch.Tensor:
-        """A preset name or a ChatTTS speaker embedding string -> speaker vector."""
+        """A preset name or a ChatTTS speaker embedding string -> L2-normalised speaker vector."""
         dim = self.sizes.gpt.hidden_size
         if voice in PRESET_VOICES:
-            vec = preset_speaker(voice, self.speaker_std, self.speaker_mean)
+            if self.speaker_stats is None:
+                raise SpeakerError(missing_stats_message(self.root or Path("<model dir>")))
+            vec = preset_speaker(voice, self.speaker_stats)
         elif looks_like_speaker_string(voice):
             vec = decode_speaker(voice, dim)
         else:
             raise SpeakerError(f"unknown voice {voice[:40]!r}: use one of {', '.join(PRESET_VOICES)} "
                                f"or a ChatTTS speaker embedding string")
-        return torch.from_numpy(vec)
+        return torch.from_numpy(normalize_speaker(vec))
 
     @torch.inference_mode()
     def codes_to_audio(self, codes: torch.Tensor) -> torch.Tensor:
@@ -99,16 +98,12 @@ class ChatTTSModel:
         return self.vocos(mel).float()
 
 
-def _speaker_stats(root: Path, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    path = root / layout.SPEAKER_STATS
-    if not path.exists():
-        return np.ones(dim, np.float32), np.zeros(dim, np.float32)
-    stat = read_safetensors(path)
-    tensor = stat.get("spk_stat")
-    if tensor is None or tensor.numel() != 2 * dim:
-        raise CheckpointError(f"{path}: expected a 'spk_stat' tensor of {2 * dim} values (std then mean)")
-    std, mean = tensor.float().flatten().numpy().reshape(2, dim)
-    return std.copy(), mean.copy()
+def strip_model_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ``LlamaForCausalLM``-style body (``model.layers...``, maybe ``lm_head``) as the bare
+    ``LlamaModel`` keys; upstream's ``LlamaModel.from_pretrained`` accepts both."""
+    if not any(k.startswith("model.") for k in state) or any(k.startswith("layers.") for k in state):
+        return state
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
 def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
@@ -123,17 +118,21 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
 
     gpt = ChatTTSGPT(sizes.gpt, dtype=torch.float32)
     load_into(gpt.embed, read_safetensors(root / layout.EMBED_WEIGHTS), root, layout.EMBED_WEIGHTS)
-    body_state = read_safetensors(root / layout.GPT_WEIGHTS)
+    body_state = strip_model_prefix(read_safetensors(root / layout.GPT_WEIGHTS))
     quant = gpt_quantization(root)
     if quant is not None:
-        from chattts_runtime.quantize import dequantize_awq_state  # noqa: PLC0415
-
         body_state = dequantize_awq_state(body_state, quant)
     load_into(gpt.llama, body_state, root, layout.GPT_WEIGHTS)
     gpt.embed.fuse_weight_norm()
 
     dvae = MelDecoder(sizes.dvae_decoder, sizes.n_mels, sizes.fsq)
-    load_into(dvae, read_safetensors(root / layout.DVAE_WEIGHTS), root, layout.DVAE_WEIGHTS)
+    dvae_state = read_safetensors(root / layout.DVAE_WEIGHTS)
+    load_into(dvae, dvae_state, root, layout.DVAE_WEIGHTS)
+    encoder = None
+    encoder_state = {k: v for k, v in dvae_state.items() if k.startswith(ENCODER_PREFIXES)}
+    if encoder_state:
+        encoder = DVAEEncoder(sizes, dvae)
+        load_into(encoder, encoder_state, root, layout.DVAE_WEIGHTS + " (encoder)")
     decoder = None
     if (root / layout.DECODER_WEIGHTS).exists():
         decoder = MelDecoder(sizes.decoder, sizes.n_mels, None)
@@ -141,12 +140,18 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
     vocos = Vocos(sizes.vocos)
     load_into(vocos, read_safetensors(root / layout.VOCOS_WEIGHTS), root, layout.VOCOS_WEIGHTS)
 
-    std, mean = _speaker_stats(root, sizes.gpt.hidden_size)
+    try:
+        speaker_stats = find_speaker_stats(root, sizes.gpt.hidden_size)
+    except SpeakerError as err:
+        raise CheckpointError(str(err)) from None
+    if speaker_stats is None:
+        log.warning("%s: no speaker statistics; voice presets will be refused", missing_stats_message(root))
     dev = torch.device(device)
     # The GPT runs in `dtype`; embeddings/heads, DVAE and vocoder stay float32 (small, and
     # the heads' argmax must not depend on the GPT's precision more than necessary).
     gpt.llama.to(device=dev, dtype=dtype)
     gpt.embed.to(device=dev)
-    for module in (gpt, dvae, vocos) + ((decoder,) if decoder is not None else ()):
-        module.to(dev).eval().requires_grad_(False)
-    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, std, mean, quant)
+    for module in (gpt, dvae, vocos, decoder, encoder):
+        if module is not None:
+            module.to(dev).eval().requires_grad_(False)
+    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, speaker_stats, quant, root, encoder)

@@ -33,6 +33,13 @@ def speed_token(speed: float) -> str:
     return f"[speed_{max(0, min(9, level))}]"
 
 
+def _strip_prompt_tokens(text: str) -> str:
+    """Control tokens typed by a user would steer the model: strip them from the text."""
+    for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
+        text = text.replace(token, "")
+    return text.strip()
+
+
 @dataclass(frozen=True)
 class Prompt:
     input_ids: tuple[int, ...]
@@ -54,14 +61,53 @@ class PromptTokenizer:
         self.vocab_size = len(self._tok)
         self.spk_emb_id = vocab["[spk_emb]"]
         self._has_speed = all(f"[speed_{i}]" in vocab for i in range(10))
+        self._unk_id = self._tok.unk_token_id
+        self._known: dict[str, bool] = {}
+        self._fixed: dict[str, tuple[int, ...]] = {}  # the control-token head and tail (a few strings)
 
-    def build(self, text: str, *, with_speaker: bool, speed: float = 1.0) -> Prompt:
+    def knows_character(self, char: str) -> bool:
+        """Whether ``char`` alone tokenizes without [UNK] (the checkpoint's vocabulary decides)."""
+        known = self._known.get(char)
+        if known is None:
+            ids = self._tok.encode(char, add_special_tokens=False)
+            known = bool(ids) and self._unk_id not in ids
+            if len(self._known) < 65536:  # bounded: requests choose the characters
+                self._known[char] = known
+        return known
+
+    def build(self, text: str, *, with_speaker: bool, speed: float = 1.0, sample_text: str = "") -> Prompt:
+        """``sample_text``: the transcript of a reference clip (upstream's ``txt_smp``), placed after the
+        speaker tag and before the speed tag, as upstream does; its codes follow the prompt."""
         speaker_tag = "[spk_emb]" if with_speaker else "[empty_spk]"
         speed_tag = speed_token(speed) if self._has_speed else ""
-        # Control tokens typed by a user would steer the model: strip them from the text.
-        for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
-            text = text.replace(token, "")
-        body = self._tok.encode(text.strip(), add_special_tokens=False)
-        head = self._tok.encode(f"[Stts]{speaker_tag}{speed_tag}", add_special_tokens=False)
-        tail = self._tok.encode("[Ptts]", add_special_tokens=False)
-        return Prompt(tuple(head + body + tail), len(body))
+        body = self._encode(_strip_prompt_tokens(text))
+        head = self._encode_fixed(f"[Stts]{speaker_tag}")
+        if sample_text:
+            head += self._encode(_strip_prompt_tokens(sample_text))
+        if speed_tag:
+            head += self._encode_fixed(speed_tag)
+        return Prompt(head + body + self._encode_fixed("[Ptts]"), len(body))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        # The Rust tokenizer itself: the same ids as ``encode(add_special_tokens=False)``
+        # without the wrapper's per-call cost (long inputs tokenize every piece, some twice).
+        return tuple(self._tok.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _encode_fixed(self, text: str) -> tuple[int, ...]:
+        ids = self._fixed.get(text)
+        if ids is None:
+            ids = self._fixed[text] = self._encode(text)
+        return ids
+
+    # -- refine-text (model/refine.py) ------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Plain ids of ``text`` (control tokens kept whole, no [CLS]/[SEP])."""
+        return list(self._encode(text))
+
+    def decode(self, ids) -> str:
+        """Ids back to text as upstream decodes refined text (special tokens kept)."""
+        return self._tok.batch_decode([list(ids)], skip_special_tokens=False, clean_up_tokenization_spaces=None)[0]
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.get_vocab().get(token)

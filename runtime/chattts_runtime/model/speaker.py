@@ -3,16 +3,33 @@
 ChatTTS shares a voice as a string: the float16 speaker vector (``hidden_size`` values),
 compressed with raw LZMA2 (preset 9 | extreme) and written in base16384 (each 7 bytes ->
 four characters U+4E00 + 14 bits; a trailing U+3D00 + n marks n leftover bytes).
-Named presets (OpenAI's voice names) are drawn deterministically from the checkpoint's
-speaker statistics (``asset/spk_stat.safetensors``: std then mean), or from a unit
-normal when the checkpoint carries none.
+Named presets (OpenAI's voice names) are drawn from the speaker statistics (std then
+mean, ``2 * hidden`` values) the way upstream's ``Chat.sample_random_speaker`` draws a
+speaker: ``randn(hidden, float16) * std + mean`` in float16, here from a generator seeded
+by the preset's name, so every replica has the same voices. Where the statistics are
+(:func:`find_speaker_stats`): the older official layout ships ``asset/spk_stat.pt``; the
+current one ships none (upstream 0.2.x carries them in its own code, ``Config.spk_stat``,
+a base16384 string), so they are read from an installed upstream package when there is
+one, without importing it. With no statistics, presets are refused (no made-up voices).
+
+Speaker vectors reach the engines L2-normalised in float16, as upstream normalises them.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import lzma
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from chattts_runtime.model.config import SPEAKER_STAT_FILES
+
+if TYPE_CHECKING:
+    import torch
 
 PRESET_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
                  "shimmer", "verse")
@@ -87,8 +104,98 @@ def looks_like_speaker_string(voice: str) -> bool:
                                    for c in voice)
 
 
-def preset_speaker(name: str, std: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    """Deterministic draw for a preset name (the same vector on every replica)."""
-    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(std.shape[0]).astype(np.float32) * std + mean).astype(np.float32)
+# -- statistics -------------------------------------------------------------------------------
+
+UPSTREAM_CONFIG = "config/config.py"  # inside an installed ChatTTS package
+
+
+@dataclass(frozen=True)
+class SpeakerStats:
+    std: "torch.Tensor"   # float16 [hidden]
+    mean: "torch.Tensor"  # float16 [hidden]
+    source: str
+
+
+def stats_from_values(values, dim: int, source: str) -> SpeakerStats:
+    import torch  # noqa: PLC0415
+
+    flat = torch.as_tensor(values).detach().flatten()
+    if flat.numel() != 2 * dim:
+        raise SpeakerError(f"{source}: expected {2 * dim} speaker statistics (std then mean), got {flat.numel()}")
+    std, mean = flat.to(torch.float16).chunk(2)
+    return SpeakerStats(std.clone(), mean.clone(), source)
+
+
+def upstream_package_stats_string() -> tuple[str, Path] | None:
+    """``Config.spk_stat`` of an installed upstream ``chattts`` package, read from its source (not imported)."""
+    spec = importlib.util.find_spec("ChatTTS")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / UPSTREAM_CONFIG
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and node.target.id == "spk_stat" and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)):
+                return node.value.value, path
+    return None
+
+
+def find_speaker_stats(root: Path, dim: int) -> SpeakerStats | None:
+    import torch  # noqa: PLC0415
+
+    for rel in SPEAKER_STAT_FILES:
+        path = root / rel
+        if not path.exists():
+            continue
+        if path.suffix == ".pt":
+            return stats_from_values(torch.load(path, map_location="cpu", weights_only=True), dim, str(path))
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        tensor = load_file(str(path)).get("spk_stat")
+        if tensor is None:
+            raise SpeakerError(f"{path}: no 'spk_stat' tensor")
+        return stats_from_values(tensor, dim, str(path))
+    upstream = upstream_package_stats_string()
+    if upstream is not None:
+        text, path = upstream
+        values = np.frombuffer(b16384_decode(text), dtype=np.float16).copy()
+        if values.size == 2 * dim:  # the package's statistics are for the official width only
+            return stats_from_values(torch.from_numpy(values), dim, str(path))
+    return None
+
+
+def missing_stats_message(root: Path) -> str:
+    files = " or ".join(str(root / rel) for rel in SPEAKER_STAT_FILES)
+    return (f"voice presets need the checkpoint's speaker statistics: none found ({files} is missing, and no "
+            f"installed chattts package provides them); pass a ChatTTS speaker embedding string as voice")
+
+
+# -- presets and normalisation ----------------------------------------------------------------
+
+def sample_speaker(stats: SpeakerStats, generator=None) -> "torch.Tensor":
+    """Upstream's random speaker: ``randn(hidden)`` in the statistics' float16, times std, plus mean."""
+    import torch  # noqa: PLC0415
+
+    return torch.randn(stats.std.shape[0], generator=generator, dtype=stats.std.dtype).mul_(stats.std).add_(stats.mean)
+
+
+def preset_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def preset_speaker(name: str, stats: SpeakerStats) -> np.ndarray:
+    """Deterministic draw for a preset name (the same vector on every replica), float16 values."""
+    import torch  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(preset_seed(name))
+    return sample_speaker(stats, generator).numpy()
+
+
+def normalize_speaker(vector: np.ndarray) -> np.ndarray:
+    """L2-normalised in float16, as upstream's ``Speaker.apply`` does; float32 out for the engines."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415, N812
+
+    half = torch.from_numpy(np.asarray(vector, dtype=np.float16).copy())
+    return F.normalize(half, p=2.0, dim=0, eps=1e-12).float().numpy()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chattts_runtime.engines.base import SamplingParams
+from chattts_runtime.model.sampling import SamplingParams, new_generator
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class TrackError(ValueError):
 
 @dataclass
 class _RequestView:
-    """What ``engines.reference.sample_codes`` reads from a request."""
+    """The request's sampling parameters (``model.sampling.sample_tokens`` reads them from the track)."""
 
     params: SamplingParams
 
@@ -89,7 +89,7 @@ def parse_payload(extra_args: dict[str, Any] | None) -> dict[str, Any]:
 
 def new_track(payload: dict[str, Any], prompt_len: int) -> RequestTrack:
     params = SamplingParams(
-        temperature=float(payload["temperature"]), top_p=float(payload["top_p"]), top_k=int(payload["top_k"]),
+        temperature=_temperature(payload["temperature"]), top_p=float(payload["top_p"]), top_k=int(payload["top_k"]),
         repetition_penalty=float(payload["repetition_penalty"]),
         repetition_window=int(payload["repetition_window"]),
         max_new_frames=int(payload["max_new_frames"]), min_new_frames=int(payload["min_new_frames"]),
@@ -101,12 +101,14 @@ def new_track(payload: dict[str, Any], prompt_len: int) -> RequestTrack:
         speaker = torch.nn.functional.normalize(vec, p=2.0, dim=0, eps=1e-12)
     track = RequestTrack(key=payload["key"], prompt_len=prompt_len, request=_RequestView(params),
                          speaker=speaker, speaker_token_id=payload.get("speaker_token_id"))
-    if not params.greedy:
-        # Same seeding as the reference engine, so a seeded request samples the same codes.
-        track.generator = torch.Generator(device="cpu")
-        track.generator.manual_seed(params.seed if params.seed is not None
-                                    else int(np.random.SeedSequence().entropy % (2**63)))
+    # Same seeding as the reference engine, so a seeded request samples the same codes.
+    track.generator = new_generator(params)
     return track
+
+
+def _temperature(value: Any) -> float | tuple[float, ...]:
+    """One temperature, or one per codebook (msgpack turns the tuple into a list)."""
+    return tuple(float(t) for t in value) if isinstance(value, (list, tuple)) else float(value)
 
 
 class FrameBook:

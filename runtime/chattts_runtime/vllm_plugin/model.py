@@ -168,7 +168,7 @@ class ChatTTSForAudioCodes(nn.Module):
         return torch.stack([head(hidden) for head in self.head_code], dim=1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        from chattts_runtime.engines.reference import sample_codes  # noqa: PLC0415
+        from chattts_runtime.model.sampling import sample_tokens  # noqa: PLC0415
 
         lay = self.layout
         logits = self.code_logits(hidden_states)
@@ -179,7 +179,7 @@ class ChatTTSForAudioCodes(nn.Module):
         if tracks is not None:
             active = [i for i, t in enumerate(tracks) if t is not None and t.sampling]
             if active:
-                chosen = sample_codes(logits[active], [tracks[i] for i in active], self.eos)
+                chosen = sample_tokens(logits[active], [tracks[i] for i in active], self.eos)
                 codes[active] = chosen.to(codes.device)
         host = codes.cpu().numpy()  # one device sync per step
         stop_rows = (host == self.eos).any(axis=1)

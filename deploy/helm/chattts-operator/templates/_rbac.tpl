@@ -12,18 +12,18 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-# handlers/sharepolicy.py: one daemon per policy (kopf keeps a finalizer and annotations on it).
+# sharepolicy/controller.py: one daemon per policy (kopf keeps a finalizer and annotations on it).
 - apiGroups: ["tts.chattts.io"]
   resources: ["gpusharepolicies"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["tts.chattts.io"]
   resources: ["gpusharepolicies/status"]
   verbs: ["patch"]
-# kube.py NodeGpuCache (largest GPU, by label) and handlers/sharepolicy.py (pool nodes, node watch).
+# core/kube.py NodeGpuCache (largest GPU, by label) and sharepolicy/controller.py (pool nodes, node watch).
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
-# handlers/sharepolicy.py ensure_priority_classes: creates chattts-online/-offline if absent,
+# sharepolicy/controller.py ensure_priority_classes: creates chattts-online/-offline if absent,
 # reads them back otherwise. create cannot be limited to names; get is.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
@@ -42,16 +42,16 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 
 {{/* Rules inside the watched namespaces (every namespace when watchNamespaces is empty). */}}
 {{- define "chattts-operator.namespacedRules" -}}
-# handlers/chattts.py + controller.py: list+watch (no single reads), kopf annotations/finalizer;
-# handlers/sharepolicy.py: replica-cap annotations on member ChatTTSDeployments.
+# deployment/controller.py: list+watch (no single reads), kopf annotations/finalizer;
+# sharepolicy/controller.py: replica-cap annotations on member ChatTTSDeployments.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments"]
   verbs: ["list", "watch", "patch"]
-# controller.py and handlers/autoscaling.py write status.
+# deployment/controller.py and autoscaling/controller.py write status.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/status"]
   verbs: ["patch"]
-# handlers/autoscaling.py: spec.replicas through the scale subresource.
+# autoscaling/controller.py: spec.replicas through the scale subresource.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/scale"]
   verbs: ["patch"]
@@ -60,27 +60,27 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/finalizers"]
   verbs: ["update"]
-# controller.py: server-side apply of the children (read first, create or patch).
+# deployment/controller.py: server-side apply of the children (read first, create or patch).
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["get", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch"]
-# ... and the serving Deployments, also watched (handlers/chattts.py) to refresh status.
+# ... and the serving Deployments, also watched (deployment/controller.py, core/watch.py) to refresh status.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# handlers/autoscaling.py (Ready pods to scrape) and handlers/sharepolicy.py (members' pods).
+# autoscaling/controller.py (Ready pods to scrape) and sharepolicy/controller.py (members' pods).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# controller.py: the AWQ quantization Job is created once and Jobs of an older spec deleted;
-# handlers/sharepolicy.py: offline members are watched, listed and suspended/resumed.
+# deployment/controller.py: the AWQ quantization Job is created once and Jobs of an older spec deleted;
+# sharepolicy/controller.py: offline members are watched, listed and suspended/resumed.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# controller.py and kopf post Events.
+# Every controller posts Events (core/kube.py post_event); kopf too.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -1,0 +1,102 @@
+"""The operator assembled: settings read once, one Kubernetes client, the three feature
+controllers wired to each other explicitly. ``handlers.py`` only forwards kopf's calls here.
+
+    deployments     (deployment/)   ChatTTSDeployment -> children, status, events
+    share_policies  (sharepolicy/)  GPUSharePolicy -> Job suspends, replica caps
+    autoscaler      (autoscaling/)  scale subresource; hands tuned specs to ``deployments``
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from chattts_operator.api import chattts, sharepolicy
+from chattts_operator.autoscaling.controller import Autoscaler
+from chattts_operator.core import clock, metrics
+from chattts_operator.core.kube import Kube, make_api_client
+from chattts_operator.core.labels import PERSISTENCE_PREFIX
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.controller import DeploymentController
+from chattts_operator.sharepolicy.controller import SharePolicyController
+
+# What handlers.py subscribes to (it imports nothing else of ours).
+CHATTTS_DEPLOYMENTS = (chattts.GROUP, chattts.VERSION, chattts.PLURAL)
+SHARE_POLICIES = (sharepolicy.GROUP, sharepolicy.VERSION, sharepolicy.PLURAL)
+SHARE_POLICY_LABEL = sharepolicy.SHARE_POLICY_LABEL
+REPLICA_CAP_ANNOTATION = sharepolicy.REPLICA_CAP_ANNOTATION
+
+log = logging.getLogger("chattts_operator")
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PERSISTENCE_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PERSISTENCE_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PERSISTENCE_PREFIX}/finalizer"
+    # kopf would post an Event per handler run; the controllers post their own on transitions.
+    settings.posting.level = logging.WARNING
+
+
+@dataclass
+class App:
+    settings: OperatorSettings
+    kube: Kube
+    deployments: DeploymentController
+    share_policies: SharePolicyController
+    autoscaler: Autoscaler
+    metrics_server: Any = None
+
+    async def reconcile(self, body: Mapping[str, Any], trigger: str) -> None:
+        """A ChatTTSDeployment created, updated or resumed: reconcile it now."""
+        try:
+            await self.deployments.reconcile_body(copy.deepcopy(dict(body)), trigger)
+        except ApiException as err:
+            raise kopf.TemporaryError(f"Kubernetes API error {err.status} {err.reason}", delay=5) from err
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        """Every watch event of a ChatTTSDeployment: the latest object, for the resync loop,
+        Deployment events and the autoscaler (none of them reads it again)."""
+        obj = event.get("object")
+        if isinstance(obj, dict) and obj.get("metadata"):
+            deleted = event.get("type") == "DELETED"
+            self.deployments.observe(copy.deepcopy(obj), deleted=deleted)
+            self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
+
+    async def stop(self) -> None:
+        await self.autoscaler.stop()
+        await self.deployments.stop()
+        await self.kube.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+
+
+async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...] | list[str] | None = None,
+                settings: OperatorSettings | None = None) -> App:
+    """Build and start everything. ``namespaces``: what the CLI gave kopf; under
+    ``kopf run -m`` (None) the settings decide."""
+    configure_kopf(kopf_settings)
+    settings = settings or OperatorSettings.from_env()
+    kube = Kube(await make_api_client())
+    deployments = DeploymentController(kube, settings)
+    app = App(
+        settings=settings,
+        kube=kube,
+        deployments=deployments,
+        share_policies=SharePolicyController(kube, settings, clock=clock.now),
+        autoscaler=Autoscaler(kube, settings, deployments=deployments),
+    )
+    deployments.start(tuple(namespaces or settings.watch_namespaces))
+    app.autoscaler.start()
+    await app.share_policies.ensure_priority_classes()
+    # Port 0 picks a free port (tests run several operators in one process).
+    server, _thread = metrics.serve(settings.metrics_port)
+    app.metrics_server = server
+    log.info("operator metrics on :%d/metrics", server.server_port)
+    return app

@@ -1,0 +1,61 @@
+"""The operator's clock, replaceable by tests; RFC 3339 stamps for status and Events.
+
+Window changes depend on wall-clock time; tests compress a day into minutes by
+installing their own clock (``set_clock``) before the operator starts, instead of
+patching ``datetime``. The clock returns an aware UTC datetime.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+_clock: Clock = system_clock
+
+
+def set_clock(clock: Clock | None) -> None:
+    """Install ``clock`` (None restores the system clock)."""
+    global _clock
+    _clock = clock or system_clock
+
+
+def now() -> datetime:
+    value = _clock()
+    if value.tzinfo is None:
+        raise ValueError("the installed clock returned a naive datetime; return an aware one (UTC)")
+    return value.astimezone(timezone.utc)
+
+
+def rfc3339(instant: datetime | None = None) -> str:
+    """``instant`` (default: the system's now) as the API's timestamp, to the second."""
+    return (instant or system_clock()).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ManualClock:
+    """A clock that moves only when told (thread-safe: kopf runs in its own thread in tests)."""
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("ManualClock needs an aware start time")
+        self._now = start.astimezone(timezone.utc)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def set(self, instant: datetime) -> None:
+        with self._lock:
+            self._now = instant.astimezone(timezone.utc)
+
+    def advance(self, delta: timedelta) -> datetime:
+        with self._lock:
+            self._now += delta
+            return self._now

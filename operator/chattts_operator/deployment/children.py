@@ -1,0 +1,313 @@
+"""Pure builders: a ChatTTSDeployment's spec -> the child objects, as plain dicts.
+
+No I/O here. Names are deterministic (the same spec always gives the same objects), every
+child has an owner reference to the ChatTTSDeployment (deleting it collects them) and the
+``app.kubernetes.io`` labels. Each child carries ``chattts.io/intent-hash``, a hash of the
+manifest itself: the reconciler compares it with the live object's to know whether the
+intent changed (removals included), and compares fields to catch hand edits.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from chattts_runtime.config import (
+    CONFIG_PATH,
+    EngineKind,
+    EngineSettings,
+    ModelSettings,
+    RuntimeConfig,
+    ServerSettings,
+)
+
+from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec
+from chattts_operator.core.labels import (
+    CONFIG_HASH_ANNOTATION,
+    INTENT_HASH_ANNOTATION,
+    child_labels,
+    selector_labels,
+)
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.gpu import GpuAssignment, node_affinity
+
+MODEL_MOUNT_PATH = "/models/chattts"
+CONFIG_DIR = CONFIG_PATH.rsplit("/", 1)[0]
+CONFIG_KEY = CONFIG_PATH.rsplit("/", 1)[1]
+HTTP_PORT = 8000
+SERVICE_METRICS_PORT = 9090
+RUNTIME_USER = 65532
+CONTAINER_NAME = "runtime"
+# The endpoints controller needs a moment to take a terminating pod out of the Service
+# before the runtime stops accepting requests.
+PRE_STOP_SLEEP_SECONDS = 5
+SCRATCH_SIZE = "2Gi"
+
+def deployment_name(name: str) -> str:
+    return name
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-runtime"
+
+
+def pdb_name(name: str) -> str:
+    return name
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What the builders need to know about the ChatTTSDeployment itself."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def stable_hash(value: Any, length: int = 16) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
+
+
+def with_intent_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with ``chattts.io/intent-hash`` set to the hash of everything else."""
+    annotations = manifest["metadata"].setdefault("annotations", {})
+    annotations.pop(INTENT_HASH_ANNOTATION, None)
+    annotations[INTENT_HASH_ANNOTATION] = stable_hash(manifest)
+    return manifest
+
+
+def _metadata(owner: Owner, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": child_labels(owner.name),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+# --- ConfigMap -------------------------------------------------------------------------
+
+
+def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
+    """The runtime's config (chattts_runtime.config), rendered from the spec."""
+    engine = spec.engine
+    return RuntimeConfig(
+        model=ModelSettings(path=MODEL_MOUNT_PATH, format=spec.model.format, served_name=spec.model.served_name),
+        engine_kind=EngineKind(engine.kind),
+        engine=EngineSettings(
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_num_seqs=engine.max_num_seqs,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            max_model_len=engine.max_model_len,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            tensor_parallel_size=spec.gpu.count,
+            speculative_config=engine.speculative_config,
+            rope_theta=engine.rope_theta,
+            disable_log_stats=engine.disable_log_stats,
+            dtype=engine.dtype,
+            enforce_eager=engine.enforce_eager,
+            extra_args=list(engine.extra_args),
+        ),
+        server=ServerSettings(
+            host="0.0.0.0",
+            port=HTTP_PORT,
+            max_queue=spec.server.max_queue,
+            max_input_chars=spec.server.max_input_chars,
+            shutdown_grace_seconds=float(spec.server.shutdown_grace_seconds),
+        ),
+        device="cuda",
+    )
+
+
+def build_configmap(owner: Owner, spec: ChatTTSDeploymentSpec) -> dict[str, Any]:
+    return with_intent_hash({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, configmap_name(owner.name)),
+        "data": {CONFIG_KEY: runtime_config(spec).to_yaml()},
+    })
+
+
+def config_hash(configmap: dict[str, Any]) -> str:
+    return stable_hash(configmap["data"])
+
+
+# --- Deployment ------------------------------------------------------------------------
+
+
+def _model_volume(spec: ChatTTSDeploymentSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The weights' volume and mount: read-only on both sides, whatever the source."""
+    model = spec.model
+    mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True}
+    if model.pvc is not None:
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True}}
+        if model.pvc.sub_path:
+            mount["subPath"] = model.pvc.sub_path
+    elif model.host_path is not None:
+        volume = {"name": "model", "hostPath": {"path": model.host_path.path, "type": "Directory"}}
+    else:
+        assert model.image is not None  # the model validator guarantees one source
+        volume = {"name": "model", "image": {"reference": model.image.reference, "pullPolicy": model.image.pull_policy}}
+    return volume, mount
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http", "scheme": "HTTP"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+        "successThreshold": 1,
+    }
+
+
+def build_deployment(
+    owner: Owner,
+    spec: ChatTTSDeploymentSpec,
+    gpu: GpuAssignment,
+    settings: OperatorSettings,
+    *,
+    config_hash_value: str,
+    replicas: int,
+) -> dict[str, Any]:
+    model_volume, model_mount = _model_volume(spec)
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "config",
+            "configMap": {"name": configmap_name(owner.name), "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
+        },
+        model_volume,
+        # The only writable path: caches (HF, vLLM, Triton, inductor) live under /tmp.
+        {"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        model_mount,
+        {"name": "scratch", "mountPath": "/tmp"},
+    ]
+    if spec.gpu.count > 1:
+        # NCCL between tensor-parallel ranks needs more shared memory than the runtime's 64 MiB default.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+
+    limits = {"memory": spec.resources.memory, **gpu.limits}
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image or settings.runtime_image,
+        "imagePullPolicy": settings.runtime_image_pull_policy,
+        "args": ["serve", "--config", CONFIG_PATH],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, "limits": limits},
+        # Loading weights and capturing CUDA graphs can take minutes: the startup probe allows 15.
+        "startupProbe": _probe("/health", period=10, failures=90),
+        "livenessProbe": _probe("/health", period=10, failures=3, timeout=5),
+        "readinessProbe": _probe("/ready", period=5, failures=2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # In-flight speech may finish: the runtime's own grace, the preStop pause, and a margin.
+        "terminationGracePeriodSeconds": spec.server.shutdown_grace_seconds + PRE_STOP_SLEEP_SECONDS + 10,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_USER,
+            "runAsGroup": RUNTIME_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    affinity = node_affinity(gpu, settings)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if gpu.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(gpu.node_selector.items()))
+    tolerations = []
+    if settings.gpu_toleration_key:
+        tolerations.append({"key": settings.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"})
+    tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+
+    return with_intent_hash({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, deployment_name(owner.name)),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 5,
+            "progressDeadlineSeconds": 1200,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            # Never below the serving capacity during a rollout: one new pod at a time.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": child_labels(owner.name),
+                    # A config change changes the template, so the pods roll.
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash_value},
+                },
+                "spec": pod_spec,
+            },
+        },
+    })
+
+
+# --- Service and PodDisruptionBudget -----------------------------------------------------
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    return with_intent_hash({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, service_name(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                # The runtime serves /metrics on its HTTP port; a port named "metrics" lets
+                # ServiceMonitors select it by name.
+                {"name": "metrics", "port": SERVICE_METRICS_PORT, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    })
+
+
+def build_pdb(owner: Owner) -> dict[str, Any]:
+    return with_intent_hash({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, pdb_name(owner.name)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            # A pod that never became ready must not block a node drain.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    })

@@ -1,0 +1,370 @@
+"""The ChatTTSDeployment controller: the I/O around the pure decision in ``spec.py`` and ``status.py``.
+
+One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (create,
+update, resume, a change of its Deployment, the periodic resync):
+
+1. build the desired children and the GPU plan from the object (pure);
+2. read each child and server-side apply only those that differ (missing, our intent hash
+   changed, or a field we own was edited by hand);
+3. compute status and patch it only when it differs.
+
+So a resync of an unchanged object makes no write at all. Reconciles of one object never
+overlap (a lock per object) and pile-ups collapse: while one runs, any number of triggers
+for the same object become one follow-up run.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
+from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
+from chattts_operator.core import metrics
+from chattts_operator.core.clock import rfc3339
+from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
+from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_newer
+from chattts_operator.core.labels import MANAGED_SELECTOR
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.core.watch import ListWatch
+from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu, node_affinity
+from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
+from chattts_operator.deployment.spec import InvalidSpec, desired_state, needs_apply, parse_spec
+from chattts_operator.deployment.status import Observed, compute_status, status_changed, transitions
+
+log = logging.getLogger("chattts_operator")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queued: bool = False
+    # The newest Deployment seen (watch event or our own apply) and whether a run must read
+    # it again (it was deleted).
+    deployment: dict[str, Any] | None = None
+    deployment_gone: bool = False
+
+
+class DeploymentController:
+    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.nodes = NodeGpuCache(kube, settings.node_memory_label)
+        self.bodies: dict[Key, dict[str, Any]] = {}  # last seen object per key (from the watch)
+        self.blocked: set[Key] = set()
+        self._slots: dict[Key, _Slot] = {}
+        self.last_resync: float | None = None
+        self.started_at = time.time()
+        self._tasks: list[asyncio.Task] = []
+        self._pending: set[asyncio.Task] = set()  # reconciles started by Deployment events
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, namespaces: tuple[str, ...]) -> None:
+        """The resync loop (a task, not a kopf timer: kopf timers need a finalizer on every
+        object, and we want none: owner references collect the children), and a list+watch
+        of the Deployments we manage per watched namespace (core/watch.py: a server-side
+        label selector, not kopf's client-side one)."""
+        self.started_at = time.time()
+        self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
+        paths = [collection_path("Deployment", ns) for ns in namespaces] or [collection_path("Deployment")]
+        for path in paths:
+            watch = ListWatch(self.kube, path, MANAGED_SELECTOR, self._deployment_event)
+            self._tasks.append(asyncio.create_task(watch.run_forever(), name=f"chattts-watch {path}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def probe(self) -> float:
+        """Seconds since the last full resync pass; raises (the liveness endpoint answers 500)
+        when a loop has died or the resync is more than three intervals late."""
+        for task in self._tasks:
+            if task.done():
+                raise RuntimeError(f"the task {task.get_name()!r} has stopped")
+        age = time.time() - (self.last_resync or self.started_at)
+        if age > 3 * self.settings.resync_interval_seconds + 60:
+            raise RuntimeError(f"no resync pass for {age:.0f}s")
+        return round(age, 1)
+
+    async def _deployment_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Reconcile the owner of a changed Deployment in its own task (the watch keeps
+        reading); reconcile_key collapses bursts for one object into one run."""
+        key = owner_key(obj)
+        if key is None or kind == "LISTED":
+            return  # listed Deployments are covered by the resume of their owners
+        task = asyncio.create_task(self._reconcile_owner(key, kind, obj))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _reconcile_owner(self, key: Key, kind: str, obj: dict[str, Any]) -> None:
+        deleted = kind == "DELETED"
+        try:
+            await self.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
+                                     live_deployment=None if deleted else obj, deployment_deleted=deleted)
+        except ApiException as err:
+            log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
+                        *key, err.status, err.reason)
+        except Exception:  # noqa: BLE001 - never lose the watch over one object
+            log.exception("reconcile of %s/%s after a Deployment event failed", *key)
+
+    # --- bookkeeping from the watch ---------------------------------------------------------
+
+    def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.bodies.pop(key, None)
+            self.blocked.discard(key)
+            self._slots.pop(key, None)
+        elif is_newer(body, self.bodies.get(key)):
+            # A watch event may trail our own status write; never go back to an older version.
+            self.bodies[key] = body
+        metrics.MANAGED_OBJECTS.set(len(self.bodies))
+        metrics.BLOCKED_OBJECTS.set(len(self.blocked))
+
+    # --- entry points -----------------------------------------------------------------------
+
+    async def reconcile_body(self, body: dict[str, Any], trigger: str) -> str:
+        """Reconcile now (used by kopf's create/update/resume handlers)."""
+        self.observe(body)
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        slot = self._slots.setdefault(key, _Slot())
+        async with slot.lock:
+            return await self._reconcile_timed(self.bodies.get(key, body), trigger)
+
+    async def reconcile_key(self, key: Key, trigger: str, live_deployment: dict[str, Any] | None = None,
+                            deployment_deleted: bool = False) -> str | None:
+        """Reconcile the object last seen under ``key``. While a run is waiting for the lock,
+        further triggers only update what it will read (the newest Deployment) and return."""
+        if key not in self.bodies:
+            return None
+        slot = self._slots.setdefault(key, _Slot())
+        if deployment_deleted:
+            slot.deployment, slot.deployment_gone = None, True
+        elif live_deployment is not None and is_newer(live_deployment, slot.deployment):
+            slot.deployment, slot.deployment_gone = live_deployment, False
+        if slot.queued:
+            return "coalesced"
+        slot.queued = True
+        async with slot.lock:
+            slot.queued = False
+            body = self.bodies.get(key)
+            if body is None:
+                return None
+            live = None if slot.deployment_gone else slot.deployment if trigger == "deployment" else None
+            slot.deployment_gone = False
+            return await self._reconcile_timed(body, trigger, live_deployment=live)
+
+    async def resync_once(self) -> None:
+        semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
+
+        async def one(key: Key) -> None:
+            async with semaphore:
+                try:
+                    await self.reconcile_key(key, "resync")
+                except Exception:  # noqa: BLE001 - one bad object must not stop the pass
+                    log.exception("resync of %s/%s failed", *key)
+
+        await asyncio.gather(*(one(key) for key in list(self.bodies)))
+        self.last_resync = time.time()
+        metrics.RESYNC_LAST_SUCCESS.set(self.last_resync)
+
+    async def resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_interval_seconds)
+            self.nodes.invalidate()
+            await self.resync_once()
+
+    # --- the reconcile ------------------------------------------------------------------------
+
+    async def _reconcile_timed(self, body: dict[str, Any], trigger: str, **kwargs: Any) -> str:
+        started = time.perf_counter()
+        try:
+            result = await self._reconcile(body, trigger, **kwargs)
+        except Exception as err:
+            metrics.RECONCILES.labels(trigger, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+            raise
+        finally:
+            metrics.RECONCILE_DURATION.labels(trigger).observe(time.perf_counter() - started)
+        metrics.RECONCILES.labels(trigger, result).inc()
+        return result
+
+    async def _reconcile(self, body: dict[str, Any], trigger: str,
+                         live_deployment: dict[str, Any] | None = None) -> str:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp"):
+            return "deleting"  # owner references collect the children
+        previous_status = body.get("status") or {}
+        try:
+            spec = parse_spec(body)
+        except InvalidSpec as err:
+            await self._write_invalid_status(body, previous_status, str(err))
+            return "invalid"
+
+        if spec.priority_class_name is None and SHARE_POLICY_LABEL in (meta.get("labels") or {}):
+            # A GPUSharePolicy member serves in the online class: its pods may preempt offline work.
+            spec = spec.model_copy(update={"priority_class_name": ONLINE_PRIORITY_CLASS})
+        # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
+        quantization = await self._reconcile_quantization(body, spec, previous_status)
+        if quantization is not None and quantization.model_override is not None:
+            spec = spec.model_copy(update={"model": ModelSpec.model_validate(quantization.model_override)})
+        desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=await self.nodes.largest_gpu_mib())
+        # A Deployment event refreshes status from the Deployment it carries, and nothing else
+        # is read. When that Deployment needs an apply (a new generation not reconciled yet, a
+        # hand edit), run the whole reconcile instead: the ConfigMap goes first, or the new pods
+        # would start on the old config.
+        deployment_only = (trigger == "deployment" and live_deployment is not None
+                           and desired.deployment is not None and not needs_apply(desired.deployment, live_deployment))
+        observed = Observed(live_deployment=None)
+        applied_any = False
+        for child in desired.children():
+            kind = child["kind"]
+            if deployment_only and kind != "Deployment":
+                continue
+            live = live_deployment if kind == "Deployment" and live_deployment is not None else None
+            if live is None:
+                live = await self.kube.get(kind, child["metadata"]["namespace"], child["metadata"]["name"])
+            if needs_apply(child, live):
+                try:
+                    live = await self.kube.apply(child)
+                except ApiException as err:
+                    if err.status in (409, 429) or err.status >= 500:
+                        raise  # transient: kopf or the next trigger retries
+                    # Refused (e.g. a field this cluster does not support): say so in status and
+                    # apply nothing after it (a Deployment must not run ahead of its ConfigMap).
+                    observed.apply_error = (f"applying {kind} {child['metadata']['name']}: {err.status} "
+                                            f"{_api_message(err)}")
+                    log.warning("%s/%s: %s", *key, observed.apply_error)
+                    break
+                metrics.CHILD_WRITES.labels(kind).inc()
+                applied_any = True
+            if kind == "Deployment":
+                observed.live_deployment = live
+                # Only a run that checked every child may declare this generation applied.
+                observed.deployment_applied = not deployment_only
+                self._remember_deployment(key, live)
+        if not desired.rollout_allowed:
+            # Nothing applied over the Deployment: report the one that serves, if any.
+            observed.live_deployment = live_deployment or await self.kube.get(
+                "Deployment", desired.owner.namespace, desired.owner.name)
+            self.blocked.add(key)
+        else:
+            self.blocked.discard(key)
+        metrics.BLOCKED_OBJECTS.set(len(self.blocked))
+
+        status = compute_status(desired, observed, previous_status, rfc3339())
+        if quantization is not None and quantization.condition is not None:
+            status["conditions"] = status["conditions"] + merge_conditions(
+                previous_status.get("conditions") or [], [quantization.condition], rfc3339())
+            status["quantization"] = quantization.status
+        elif previous_status.get("quantization") is not None:
+            status["quantization"] = None
+        if status_changed(status, previous_status):
+            await self._patch_status(body, status)
+            for event_type, reason, message in transitions(previous_status.get("conditions") or [],
+                                                             status["conditions"]):
+                await self._post_event(body, event_type, reason, message)
+        if applied_any:
+            return "applied"
+        return "blocked" if not desired.rollout_allowed else "noop"
+
+    async def _reconcile_quantization(self, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
+                                      previous_status: dict[str, Any]) -> QuantizationPlan | None:
+        """Create the quantization Job once, delete Jobs of an older spec, and decide which
+        weights the pods mount. None when quantization was never asked for."""
+        meta = body["metadata"]
+        jobs = await self.kube.list_namespaced("Job", meta["namespace"], job_selector(meta["name"]))
+        if spec.quantization is None and not jobs and previous_status.get("quantization") is None:
+            return None
+        gpu_spec = spec.gpu
+        if spec.quantization is not None and spec.quantization.gpu_memory:
+            gpu_spec = gpu_spec.model_copy(update={"memory": spec.quantization.gpu_memory})
+        try:
+            gpu = assign_gpu(gpu_spec, self.settings)
+            limits, affinity, selector = gpu.limits, node_affinity(gpu, self.settings), gpu.node_selector
+        except GpuAssignmentError:
+            limits, affinity, selector = {}, None, {}
+        tolerations = []
+        if self.settings.gpu_toleration_key:
+            tolerations.append({"key": self.settings.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"})
+        tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+        plan = plan_quantization(
+            ctd_name=meta["name"], namespace=meta["namespace"], owner_uid=meta["uid"], spec=body.get("spec") or {},
+            jobs=jobs, previous=previous_status.get("quantization"),
+            image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
+            gpu_limits=limits, tolerations=tolerations,
+            node_affinity=(affinity or {}).get("nodeAffinity"), node_selector=selector,
+            generation=int(meta.get("generation") or 1),
+        )
+        if plan.job_to_create is not None:
+            await self.kube.create(plan.job_to_create)
+        for name in plan.stale_jobs:
+            await self.kube.delete("Job", meta["namespace"], name)
+        for event_type, reason, message in plan.events:
+            await self._post_event(body, event_type, reason, message)
+        return plan
+
+    def _remember_deployment(self, key: Key, live: dict[str, Any] | None) -> None:
+        slot = self._slots.get(key)
+        if slot is not None and live is not None and is_newer(live, slot.deployment):
+            slot.deployment = live
+
+    async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        try:
+            updated = await self.kube.patch_status(KIND, meta["namespace"], meta["name"], status)
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile
+            raise
+        metrics.STATUS_WRITES.inc()
+        key = (meta["namespace"], meta["name"])
+        if key in self.bodies and isinstance(updated, dict) and updated.get("metadata"):
+            # Our own write is the freshest view until the watch catches up.
+            self.observe(updated)
+
+    async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
+        gen = int(body["metadata"].get("generation") or 1)
+        invalid = condition("Degraded", True, "InvalidSpec", message, generation=gen)
+        status = {"observedGeneration": gen, "phase": "Invalid",
+                  "conditions": replace_condition(previous.get("conditions"), invalid, rfc3339())}
+        if status_changed(status, previous):
+            await self._patch_status(body, status)
+            await self._post_event(body, "Warning", "InvalidSpec", message)
+
+    async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
+        involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
+        await self.kube.post_event(involved, event_type, reason, message)
+
+
+def _api_message(err: ApiException) -> str:
+    """The API server's own message from an error response, else the HTTP reason."""
+    try:
+        body = json.loads(err.body) if err.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    return str(body.get("message") or err.reason)
+
+
+def owner_key(deployment: dict[str, Any]) -> Key | None:
+    """The ChatTTSDeployment controlling a Deployment, from its owner reference."""
+    meta = deployment.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(API_VERSION.split("/")[0]) \
+                and ref.get("controller"):
+            return meta.get("namespace"), ref.get("name")
+    return None

@@ -1,0 +1,236 @@
+"""The GPU codec, both directions, pure: a spec's ``gpu`` block -> pod resources and node
+affinity (``assign_gpu``), and pod resources or a node -> GPU memory in MiB (``GpuCodec``,
+what a GPUSharePolicy counts). Both use the configured resource and label names and the
+same MiB per MIG profile, so the share policy counts what the deployment asked for.
+Extended resources are whole numbers and go in ``limits`` only (Kubernetes copies them to
+requests).
+
+- ``gpu-memory``: ``<gpu memory resource>: memory MiB x count`` (the form of our starting write-up)
+- ``hami``: ``nvidia.com/gpu: count`` and ``nvidia.com/gpumem: memory MiB`` (HAMi's memory is per GPU)
+- ``whole-gpu``: ``nvidia.com/gpu: count``
+- ``mig``: ``nvidia.com/mig-<profile>: count``, the smallest configured profile whose memory fits
+
+In every profile the pods require nodes whose GFD label ``nvidia.com/gpu.memory`` (MiB per
+GPU) is at least the memory asked per GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from chattts_operator.api.chattts import GpuProfile, GpuSpec
+from chattts_operator.api.common import parse_live_quantity
+from chattts_operator.core.settings import MIG_PROFILE_PATTERN, OperatorSettings
+
+# MIG profile names give the slice's memory in decimal GB (3g.40gb: 40 GB = 38,146 MiB); the
+# smaller figure, so a budget never counts on memory the slice lacks.
+_MIB_PER_GB = 1000**3 / 2**20
+# Resources no setting renames: HAMi's percentage of a GPU, Volcano's MiB.
+HAMI_MEMORY_PERCENT_RESOURCE = "nvidia.com/gpumem-percentage"
+VOLCANO_MEMORY_RESOURCE = "volcano.sh/vgpu-memory"
+GFD_COUNT_LABEL = "nvidia.com/gpu.count"
+GFD_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU, published by GPU Feature Discovery
+
+
+class GpuAssignmentError(ValueError):
+    """The gpu block cannot be expressed in the chosen profile (e.g. no MIG profile is big enough)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class GpuAssignment:
+    profile: GpuProfile
+    gpu_count: int  # GPUs (or MIG slices) per replica: the tensor parallel size
+    limits: dict[str, str]
+    memory_per_gpu_mib: int  # what the planner may budget on one GPU of a replica
+    node_min_gpu_memory_mib: int | None  # nodes need a GPU label >= this; None: no affinity
+    node_selector: dict[str, str] = field(default_factory=dict)
+    mig_profile: str | None = None
+
+    @property
+    def share(self) -> str:
+        """The printer column: '1x8Gi gpu-memory', '2x3g.40gb mig'."""
+        per_gpu = self.mig_profile or _format_mib(self.memory_per_gpu_mib)
+        return f"{self.gpu_count}x{per_gpu} {self.profile.value}"
+
+
+def _format_mib(mib: int) -> str:
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def mig_profile_memory_mib(profile: str) -> int:
+    match = MIG_PROFILE_PATTERN.match(profile)
+    if not match:
+        raise ValueError(f"not a MIG profile: {profile!r}")
+    return int(int(match.group("gb")) * _MIB_PER_GB)
+
+
+def _count(value: Any) -> int:
+    """A whole-number extended resource (a quantity: '2', 2, '1k')."""
+    return int(parse_live_quantity(value))
+
+
+def smallest_mig_profile(memory_mib: int, profiles: tuple[str, ...]) -> str | None:
+    """The profile with the least memory that still holds ``memory_mib``; among equals, the fewest slices."""
+    fitting = [p for p in profiles if mig_profile_memory_mib(p) >= memory_mib]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda p: (mig_profile_memory_mib(p), int(MIG_PROFILE_PATTERN.match(p).group("slices")), p))
+
+
+def resolve_profile(gpu: GpuSpec, settings: OperatorSettings) -> GpuProfile:
+    return gpu.profile or settings.gpu_profile
+
+
+def assign_gpu(gpu: GpuSpec, settings: OperatorSettings) -> GpuAssignment:
+    """Pod resources and node placement for one replica."""
+    profile = resolve_profile(gpu, settings)
+    memory_mib = gpu.memory_mib
+    count = gpu.count
+    mig_profile = None
+    budget_mib = memory_mib
+    if profile is GpuProfile.GPU_MEMORY:
+        limits = {settings.gpu_memory_resource: str(memory_mib * count)}
+    elif profile is GpuProfile.HAMI:
+        limits = {settings.gpu_resource: str(count), settings.hami_memory_resource: str(memory_mib)}
+    elif profile is GpuProfile.WHOLE_GPU:
+        limits = {settings.gpu_resource: str(count)}
+    elif profile is GpuProfile.MIG:
+        mig_profile = smallest_mig_profile(memory_mib, settings.mig_profiles)
+        if mig_profile is None:
+            largest = max(settings.mig_profiles, key=mig_profile_memory_mib, default="none")
+            raise GpuAssignmentError(
+                "NoMigProfileFits",
+                f"gpu.memory {gpu.memory} ({memory_mib} MiB) is larger than every configured MIG profile "
+                f"(largest: {largest})",
+            )
+        limits = {f"{settings.mig_resource_prefix}{mig_profile}": str(count)}
+        budget_mib = mig_profile_memory_mib(mig_profile)
+    else:  # pragma: no cover - the enum is closed
+        raise GpuAssignmentError("UnknownProfile", f"unknown GPU sharing profile {profile}")
+
+    node_selector = dict(gpu.node_selector or {})
+    if gpu.product:
+        node_selector[settings.node_product_label] = gpu.product
+    return GpuAssignment(
+        profile=profile,
+        gpu_count=count,
+        limits=limits,
+        memory_per_gpu_mib=budget_mib,
+        node_min_gpu_memory_mib=memory_mib if settings.node_memory_label else None,
+        node_selector=node_selector,
+        mig_profile=mig_profile,
+    )
+
+
+def node_affinity(assignment: GpuAssignment, settings: OperatorSettings) -> dict | None:
+    """Required node affinity: GPUs at least as large as asked (GFD label, MiB, compared with Gt)."""
+    if assignment.node_min_gpu_memory_mib is None:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": settings.node_memory_label,
+                                "operator": "Gt",
+                                "values": [str(assignment.node_min_gpu_memory_mib - 1)],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+@dataclass(frozen=True)
+class GpuCodec:
+    """Pod resources and nodes -> GPU memory in MiB, with the operator's configured names
+    (the reverse of ``assign_gpu``: a pod it built counts exactly its assignment)."""
+
+    gpu_memory_resource: str
+    gpu_resource: str
+    hami_memory_resource: str
+    mig_resource_prefix: str
+    node_memory_label: str
+
+    @classmethod
+    def from_settings(cls, settings: OperatorSettings) -> "GpuCodec":
+        return cls(
+            gpu_memory_resource=settings.gpu_memory_resource,
+            gpu_resource=settings.gpu_resource,
+            hami_memory_resource=settings.hami_memory_resource,
+            mig_resource_prefix=settings.mig_resource_prefix,
+            # Counting needs the per-GPU size even where affinity on it is off.
+            node_memory_label=settings.node_memory_label or GFD_MEMORY_LABEL,
+        )
+
+    def mig_memory_mib(self, resources: Mapping[str, Any]) -> int:
+        """MiB of the MIG slices among ``resources`` (name -> count)."""
+        mib = 0
+        for name, value in resources.items():
+            profile = name.removeprefix(self.mig_resource_prefix)
+            if profile != name and MIG_PROFILE_PATTERN.match(profile):
+                mib += mig_profile_memory_mib(profile) * _count(value)
+        return mib
+
+    def per_gpu_memory_mib(self, node: Mapping[str, Any]) -> int:
+        """MiB of one GPU on the node, from the GFD label (0 if unknown)."""
+        labels = node.get("metadata", {}).get("labels") or {}
+        raw = labels.get(self.node_memory_label)
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError:
+            return 0
+
+    def node_memory_mib(self, node: Mapping[str, Any]) -> int:
+        """The node's total GPU memory in MiB: the GPU-memory resource if the node advertises
+        it, else per-GPU memory (GFD label) x whole GPUs plus its MIG slices."""
+        status = node.get("status") or {}
+        allocatable = status.get("allocatable") or status.get("capacity") or {}
+        for resource in (self.gpu_memory_resource, VOLCANO_MEMORY_RESOURCE):
+            if resource in allocatable:
+                return _count(allocatable[resource])
+        labels = node.get("metadata", {}).get("labels") or {}
+        if self.gpu_resource in allocatable:
+            gpus = _count(allocatable[self.gpu_resource])
+        elif GFD_COUNT_LABEL in labels:
+            gpus = _count(labels[GFD_COUNT_LABEL])
+        else:
+            gpus = 0
+        return self.per_gpu_memory_mib(node) * gpus + self.mig_memory_mib(allocatable)
+
+    def container_memory_mib(self, resources: Mapping[str, Any] | None, per_gpu_mib: int) -> int:
+        """MiB of GPU memory one container asks (limits; requests must equal them for
+        extended resources). A whole GPU counts as ``per_gpu_mib``."""
+        resources = resources or {}
+        limits = dict(resources.get("requests") or {})
+        limits.update(resources.get("limits") or {})
+        for resource in (self.gpu_memory_resource, VOLCANO_MEMORY_RESOURCE):
+            if resource in limits:
+                return _count(limits[resource])
+        gpus = _count(limits[self.gpu_resource]) if self.gpu_resource in limits else 0
+        if self.hami_memory_resource in limits:
+            return _count(limits[self.hami_memory_resource]) * max(gpus, 1)
+        if HAMI_MEMORY_PERCENT_RESOURCE in limits:
+            return int(math.ceil(_count(limits[HAMI_MEMORY_PERCENT_RESOURCE]) * per_gpu_mib * max(gpus, 1) / 100))
+        return self.mig_memory_mib(limits) or gpus * per_gpu_mib
+
+    def pod_spec_memory_mib(self, pod_spec: Mapping[str, Any] | None, per_gpu_mib: int) -> int:
+        """MiB a pod asks: its containers together, or its largest init container if more
+        (init containers run one at a time, before the others), as the scheduler counts."""
+        pod_spec = pod_spec or {}
+        main = sum(self.container_memory_mib(c.get("resources"), per_gpu_mib) for c in pod_spec.get("containers") or [])
+        init = max((self.container_memory_mib(c.get("resources"), per_gpu_mib)
+                    for c in pod_spec.get("initContainers") or []), default=0)
+        return max(main, init)
+
+
+DEFAULT_GPU_CODEC = GpuCodec.from_settings(OperatorSettings())

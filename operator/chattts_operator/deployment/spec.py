@@ -1,0 +1,228 @@
+"""One effective spec and what it wants, pure: (object, settings, node capacity) -> the
+children to apply; and whether a live child needs an apply. Status is in status.py.
+
+A spec that cannot start (the GPU memory plan does not fit, no MIG profile or node is big
+enough) is *blocked*: its ConfigMap and Deployment are not applied, so whatever serves
+keeps serving, and status says why (GPUCapacity=False, Degraded=True).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from pydantic import ValidationError
+
+from chattts_operator.api.chattts import ChatTTSDeploymentSpec, parse_quantity, validate_name
+from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
+from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.children import (
+    Owner,
+    build_configmap,
+    build_deployment,
+    build_pdb,
+    build_service,
+    config_hash,
+)
+from chattts_operator.deployment.gpu import GpuAssignment, GpuAssignmentError, assign_gpu
+from chattts_operator.deployment.memory import MemoryPlanResult, plan_memory
+
+
+
+class InvalidSpec(ValueError):
+    """The object's spec fails the models' validation (the CRD should have refused it)."""
+
+
+def parse_spec(body: dict[str, Any]) -> ChatTTSDeploymentSpec:
+    try:
+        validate_name(body["metadata"]["name"])
+        return ChatTTSDeploymentSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"] for e in err.errors()
+        )
+        raise InvalidSpec(problems) from None
+    except ValueError as err:
+        raise InvalidSpec(str(err)) from None
+
+
+def effective_spec(body: dict[str, Any], spec: ChatTTSDeploymentSpec) -> ChatTTSDeploymentSpec:
+    """``spec`` (a ChatTTSDeploymentSpec) with the tuned maxNumBatchedTokens applied, when
+    batch-token tuning is enabled and has raised it; otherwise ``spec`` unchanged."""
+    auto = spec.autoscaling
+    if auto is None or not auto.batch_token_tuning.enabled:
+        return spec
+    tuned = (((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}).get(
+        "maxNumBatchedTokens")
+    if not isinstance(tuned, int) or tuned <= (spec.engine.max_num_batched_tokens or 0):
+        return spec
+    if auto.batch_token_tuning.cap is not None and tuned > auto.batch_token_tuning.cap:
+        tuned = auto.batch_token_tuning.cap  # the cap was lowered since: respect it at once
+        if tuned <= (spec.engine.max_num_batched_tokens or 0):
+            return spec
+    engine = spec.engine.model_copy(update={"max_num_batched_tokens": tuned})
+    return spec.model_copy(update={"engine": engine})
+
+
+def effective_replicas(body: dict[str, Any], spec: ChatTTSDeploymentSpec) -> tuple[int, str | None]:
+    """spec.replicas, capped by a GPU share policy's replica cap annotation when present."""
+    cap_text = (body.get("metadata", {}).get("annotations") or {}).get(REPLICA_CAP_ANNOTATION)
+    if cap_text is None:
+        return spec.replicas, None
+    try:
+        cap = int(cap_text)
+    except ValueError:
+        return spec.replicas, None
+    if cap < 0 or cap >= spec.replicas:
+        return spec.replicas, None
+    return cap, f"capped to {cap} by the GPU share policy (spec.replicas {spec.replicas})"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    fits: bool
+    reason: str
+    message: str
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class Desired:
+    """Everything the reconciler wants, before looking at the cluster."""
+
+    owner: Owner
+    generation: int
+    spec: ChatTTSDeploymentSpec
+    replicas: int
+    replica_note: str | None
+    gpu: GpuAssignment | None
+    plan: MemoryPlanResult | None
+    capacity: Capacity
+    configmap: dict[str, Any]
+    deployment: dict[str, Any] | None
+    service: dict[str, Any]
+    pdb: dict[str, Any]
+    config_hash: str
+
+    @property
+    def rollout_allowed(self) -> bool:
+        return self.capacity.fits
+
+    def children(self) -> list[dict[str, Any]]:
+        """The objects to apply, in order: the ConfigMap before the Deployment that mounts it.
+        A blocked spec applies only the Service and the PDB (they cannot break serving pods)."""
+        out = []
+        if self.rollout_allowed:
+            out.append(self.configmap)
+            assert self.deployment is not None
+            out.append(self.deployment)
+        out += [self.service, self.pdb]
+        return out
+
+
+def desired_state(
+    body: dict[str, Any],
+    spec: ChatTTSDeploymentSpec,
+    settings: OperatorSettings,
+    *,
+    largest_node_gpu_mib: int | None,
+) -> Desired:
+    meta = body["metadata"]
+    owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    spec = effective_spec(body, spec)  # the autoscaler's tuned maxNumBatchedTokens, when opted in
+    replicas, replica_note = effective_replicas(body, spec)
+    configmap = build_configmap(owner, spec)
+    chash = config_hash(configmap)
+    gpu: GpuAssignment | None = None
+    plan: MemoryPlanResult | None = None
+    try:
+        gpu = assign_gpu(spec.gpu, settings)
+    except GpuAssignmentError as err:
+        capacity = Capacity(False, err.reason, str(err))
+    else:
+        plan = plan_memory(
+            shape=spec.model.shape,
+            weight_format=spec.model.format,
+            engine=spec.engine,
+            gpu_memory_mib=gpu.memory_per_gpu_mib,
+            tensor_parallel=spec.gpu.count,
+            utilization_warning=settings.utilization_warning,
+        )
+        if not plan.fits:
+            capacity = Capacity(False, plan.reason, plan.message, tuple(plan.warnings))
+        elif (
+            largest_node_gpu_mib is not None
+            and gpu.node_min_gpu_memory_mib is not None
+            and gpu.node_min_gpu_memory_mib > largest_node_gpu_mib
+        ):
+            capacity = Capacity(
+                False,
+                "NoNodeLargeEnough",
+                f"gpu.memory {spec.gpu.memory} ({gpu.node_min_gpu_memory_mib} MiB per GPU) is more than the largest "
+                f"GPU of any node ({largest_node_gpu_mib} MiB, node label {settings.node_memory_label})",
+                tuple(plan.warnings),
+            )
+        else:
+            capacity = Capacity(True, "Fits", plan.message, tuple(plan.warnings))
+    deployment = (
+        build_deployment(owner, spec, gpu, settings, config_hash_value=chash, replicas=replicas)
+        if capacity.fits and gpu is not None
+        else None
+    )
+    return Desired(
+        owner=owner,
+        generation=int(meta.get("generation") or 1),
+        spec=spec,
+        replicas=replicas,
+        replica_note=replica_note,
+        gpu=gpu,
+        plan=plan,
+        capacity=capacity,
+        configmap=configmap,
+        deployment=deployment,
+        service=build_service(owner),
+        pdb=build_pdb(owner),
+        config_hash=chash,
+    )
+
+
+# --- comparing desired with live ------------------------------------------------------------
+
+
+def _quantities_equal(a: Any, b: Any) -> bool:
+    try:
+        return parse_quantity(str(a)) == parse_quantity(str(b))
+    except ValueError:
+        return False
+
+
+def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
+    """Whether every field we want is in the live object with the same value. Fields the
+    API server or other controllers add are ignored; lists must match item by item."""
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return False
+        return all(k in live and is_subset(v, live[k], path + (k,)) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(desired) != len(live):
+            return False
+        return all(is_subset(want, have, path) for want, have in zip(desired, live))
+    if desired == live:
+        return True
+    # The API server writes quantities in canonical form ("0.5" -> "500m").
+    if "resources" in path and isinstance(desired, (str, int)) and isinstance(live, (str, int)):
+        return _quantities_equal(desired, live)
+    if isinstance(desired, (int, float, Decimal)) and isinstance(live, (int, float)) and not isinstance(desired, bool):
+        return float(desired) == float(live)
+    return False
+
+
+def needs_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Apply when the child is missing, our intent changed (hash), or someone edited a field we own."""
+    if live is None:
+        return True
+    live_hash = (live.get("metadata", {}).get("annotations") or {}).get(INTENT_HASH_ANNOTATION)
+    if live_hash != desired["metadata"]["annotations"][INTENT_HASH_ANNOTATION]:
+        return True
+    return not is_subset(desired, live)

@@ -1,0 +1,212 @@
+"""A ChatTTSDeployment's status, pure: (what was wanted, what the reconcile saw and did, the
+previous status, now) -> the status fields this operator owns; which transitions are Events."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from chattts_operator.core.conditions import condition, merge_conditions
+from chattts_operator.core.labels import selector_string
+from chattts_operator.deployment.spec import Desired
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity")
+# Conditions whose True is bad news: their transitions to True are Warning events.
+_ABNORMAL_TRUE = {"Degraded"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready"}
+
+
+@dataclass
+class Observed:
+    """What the reconciler saw and did this time."""
+
+    live_deployment: dict[str, Any] | None
+    deployment_applied: bool = False  # the desired Deployment is now what the cluster has
+    apply_error: str | None = None
+
+
+def transitions(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(event type, reason, message) for every condition whose status changed."""
+    before = {c.get("type"): c.get("status") for c in previous or []}
+    events = []
+    for cond in current:
+        if before.get(cond["type"]) == cond["status"]:
+            continue
+        bad = (cond["type"] in _ABNORMAL_TRUE and cond["status"] == "True") or (
+            cond["type"] in _ABNORMAL_FALSE and cond["status"] == "False" and cond["reason"] not in _QUIET_REASONS
+        )
+        if before.get(cond["type"]) is None and not bad:
+            continue  # a new object's first, unremarkable conditions are not news
+        events.append(("Warning" if bad else "Normal", f"{cond['type']}{cond['status']}",
+                       f"{cond['reason']}: {cond['message']}" if cond["message"] else cond["reason"]))
+    return events
+
+
+# Ready=False for these reasons is expected, not a warning.
+_QUIET_REASONS = {"ScaledToZero", "ReplicasNotReady", "Creating"}
+
+
+def _deployment_numbers(dep: dict[str, Any] | None) -> dict[str, int]:
+    st = (dep or {}).get("status") or {}
+    return {
+        "replicas": int(st.get("replicas") or 0),
+        "readyReplicas": int(st.get("readyReplicas") or 0),
+        "updatedReplicas": int(st.get("updatedReplicas") or 0),
+        "availableReplicas": int(st.get("availableReplicas") or 0),
+    }
+
+
+def _rollout(dep: dict[str, Any]) -> tuple[bool, str]:
+    """(complete, message) in the sense of `kubectl rollout status`."""
+    meta, spec, st = dep.get("metadata", {}), dep.get("spec", {}), dep.get("status") or {}
+    wanted = int(spec.get("replicas", 1))
+    if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
+        return False, "the Deployment controller has not seen the latest Deployment yet"
+    updated = int(st.get("updatedReplicas") or 0)
+    total = int(st.get("replicas") or 0)
+    available = int(st.get("availableReplicas") or 0)
+    if updated < wanted:
+        return False, f"{updated} of {wanted} replicas updated"
+    if total > updated:
+        return False, f"{total - updated} old replicas pending termination"
+    if available < updated:
+        return False, f"{available} of {updated} updated replicas available"
+    return True, f"{wanted} replicas up to date"
+
+
+def _deployment_failure(dep: dict[str, Any]) -> str | None:
+    for cond in (dep.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return f"ReplicaFailure: {cond.get('message', '')}"
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            return f"ProgressDeadlineExceeded: {cond.get('message', '')}"
+    return None
+
+
+def compute_status(
+    desired: Desired,
+    observed: Observed,
+    previous: dict[str, Any] | None,
+    now: str,
+) -> dict[str, Any]:
+    """The status fields this operator owns (others, e.g. autoscaling, are left alone)."""
+    previous = previous or {}
+    gen = desired.generation
+    dep = observed.live_deployment
+    numbers = _deployment_numbers(dep)
+    cap = desired.capacity
+    blocked = not cap.fits
+
+    if blocked:
+        applied_generation = previous.get("appliedGeneration")
+        applied_hash = previous.get("configHash", "")
+    elif observed.deployment_applied:
+        applied_generation, applied_hash = gen, desired.config_hash
+    else:
+        applied_generation = previous.get("appliedGeneration")
+        applied_hash = previous.get("configHash", "")
+
+    capacity_message = cap.message + "".join(f"; warning: {w}" for w in cap.warnings)
+    conditions = [condition("GPUCapacity", cap.fits, cap.reason, capacity_message, generation=gen)]
+
+    # Progressing
+    if blocked:
+        kept = f"generation {applied_generation} keeps serving" if dep is not None else "nothing was rolled out"
+        progressing = condition("Progressing", False, "RolloutBlocked",
+                                f"generation {gen} cannot start ({cap.reason}); {kept}", generation=gen)
+    elif observed.apply_error:
+        progressing = condition("Progressing", False, "ApplyFailed", observed.apply_error, generation=gen)
+    elif dep is None:
+        progressing = condition("Progressing", True, "Creating", "creating the Deployment", generation=gen)
+    else:
+        complete, message = _rollout(dep)
+        progressing = condition("Progressing", not complete, "RollingOut" if not complete else "Complete", message, generation=gen)
+    conditions.append(progressing)
+
+    # Degraded
+    failure = _deployment_failure(dep) if dep is not None else None
+    if blocked:
+        degraded = condition("Degraded", True, cap.reason,
+                              f"spec generation {gen} is not rolled out: {cap.message}", generation=gen)
+    elif observed.apply_error:
+        degraded = condition("Degraded", True, "ApplyFailed", observed.apply_error, generation=gen)
+    elif failure:
+        degraded = condition("Degraded", True, failure.split(":", 1)[0], failure, generation=gen)
+    else:
+        degraded = condition("Degraded", False, "AsExpected", "", generation=gen)
+    conditions.append(degraded)
+
+    # Ready: as many ready pods as wanted (counting from the live Deployment).
+    wanted = int((dep or {}).get("spec", {}).get("replicas", desired.replicas)) if dep else desired.replicas
+    ready_n = numbers["readyReplicas"]
+    if dep is None:
+        ready = condition("Ready", False, "Creating" if not blocked else cap.reason, "no Deployment yet", generation=gen)
+    elif wanted == 0:
+        ready = condition("Ready", False, "ScaledToZero", "0 replicas wanted", generation=gen)
+    elif ready_n >= wanted:
+        ready = condition("Ready", True, "AllReplicasReady", f"{ready_n}/{wanted} replicas ready", generation=gen)
+    else:
+        ready = condition("Ready", False, "ReplicasNotReady", f"{ready_n}/{wanted} replicas ready", generation=gen)
+    conditions.insert(0, ready)
+    conditions = merge_conditions(previous.get("conditions") or [], conditions, now)
+
+    by_type = {c["type"]: c["status"] for c in conditions}
+    if by_type["Degraded"] == "True":
+        phase = "Degraded" if dep is not None else "Unsatisfiable" if blocked else "Failed"
+    elif by_type["Progressing"] == "True":
+        phase = "Progressing"
+    elif by_type["Ready"] == "True":
+        phase = "Ready"
+    elif dep is not None and wanted == 0:
+        phase = "ScaledToZero"
+    else:
+        phase = "Pending"
+
+    gpu = desired.gpu
+    gpu_status = {
+        "profile": gpu.profile.value,
+        "limits": dict(gpu.limits),
+        "nodeMinGpuMemoryMiB": gpu.node_min_gpu_memory_mib,
+        "migProfile": gpu.mig_profile,
+    } if gpu else None
+    gpu_share = gpu.share if gpu else ""
+    if blocked and dep is not None and previous.get("gpuShare"):
+        # The pods that serve still have the last good share: show that, not the refused one.
+        gpu_status, gpu_share = previous.get("gpu"), previous["gpuShare"]
+    return {
+        "observedGeneration": gen,
+        "phase": phase,
+        **numbers,
+        "selector": selector_string(desired.owner.name),
+        "gpuShare": gpu_share,
+        "gpu": gpu_status,
+        "memoryPlan": desired.plan.to_status() if desired.plan else None,
+        "appliedGeneration": applied_generation,
+        "configHash": applied_hash,
+        "conditions": conditions,
+    }
+
+
+def status_changed(new: dict[str, Any], live_status: dict[str, Any] | None) -> bool:
+    """Whether writing ``new`` would change the live status (only our keys are compared;
+    keys we set to None must be absent or null there)."""
+    live_status = live_status or {}
+    for key, value in new.items():
+        current = live_status.get(key)
+        if value is None:
+            if current is not None:
+                return True
+        elif isinstance(value, dict):
+            if not isinstance(current, dict) or _strip_none(value) != _strip_none(current):
+                return True
+        elif value != current:
+            return True
+    return False
+
+
+def _strip_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_none(v) for v in value]
+    return value
+

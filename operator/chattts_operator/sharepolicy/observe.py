@@ -1,0 +1,148 @@
+"""Kubernetes objects (plain dicts, camelCase as the API returns them) -> planner inputs.
+
+Pure: the controller lists nodes, members and their pods, and passes them here.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, REPLICA_CAP_ANNOTATION, LabelSelector
+from chattts_operator.sharepolicy.planner import OfflineMember, OnlineMember, PoolNode
+from chattts_operator.api.common import bytes_to_mib
+from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, GpuCodec
+from chattts_operator.sharepolicy.resources import node_is_usable, selector_matches
+
+_FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+class MemberError(ValueError):
+    """A member object the planner cannot size; reported in the policy's status."""
+
+
+def pool_nodes(nodes: Iterable[Mapping[str, Any]], gpu: GpuCodec = DEFAULT_GPU_CODEC) -> list[PoolNode]:
+    """Nodes with GPU memory; usable ones (Ready, schedulable) count in the pool."""
+    pool = []
+    for node in nodes:
+        mib = gpu.node_memory_mib(node)
+        if mib > 0:
+            pool.append(PoolNode(node["metadata"]["name"], mib, node_is_usable(node)))
+    return sorted(pool, key=lambda n: n.name)
+
+
+def largest_gpu_mib(nodes: Iterable[Mapping[str, Any]], gpu: GpuCodec = DEFAULT_GPU_CODEC) -> int:
+    """Per-GPU memory of the pool's biggest GPU: what a whole-GPU request is counted as
+    (the larger guess never under-counts what a member holds)."""
+    return max((gpu.per_gpu_memory_mib(n) for n in nodes), default=0)
+
+
+def live_pods(pods: Iterable[Mapping[str, Any]]) -> int:
+    """Pods that hold (or may soon hold) GPU memory: everything not finished, terminating included."""
+    return sum(1 for p in pods if (p.get("status") or {}).get("phase") not in _FINISHED_PHASES)
+
+
+def _int_annotation(obj: Mapping[str, Any], key: str) -> int | None:
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def online_member(
+    ctd: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    per_gpu_mib: int,
+    deployment: Mapping[str, Any] | None = None,
+    codec: GpuCodec = DEFAULT_GPU_CODEC,
+) -> OnlineMember:
+    """A ChatTTSDeployment as an online member.
+
+    Pods it holds: its serving pods that exist, or as many as its Deployment is set to run
+    (``spec.replicas``, ``status.replicas``) if more: a cap just lowered takes effect only
+    when the Deployment has been scaled and its pods are gone.
+
+    MiB per replica: the GPU resources the operator resolved for its pods
+    (``status.gpu.limits``) when known, else ``spec.gpu.memory x spec.gpu.count``.
+    Replicas wanted: ``spec.autoscaling.maxReplicas`` when autoscaling is on (the cap
+    clamps the autoscaler), else ``spec.replicas``."""
+    meta = ctd["metadata"]
+    spec = ctd.get("spec") or {}
+    gpu = spec.get("gpu") or {}
+    limits = ((ctd.get("status") or {}).get("gpu") or {}).get("limits") or {}
+    per_replica = codec.container_memory_mib({"limits": limits}, per_gpu_mib) if limits else 0
+    if per_replica <= 0:
+        try:
+            per_replica = bytes_to_mib(gpu.get("memory")) * int(gpu.get("count", 1))
+        except (TypeError, ValueError):
+            raise MemberError(
+                f"ChatTTSDeployment {meta['namespace']}/{meta['name']}: spec.gpu.memory {gpu.get('memory')!r} "
+                "is not a quantity"
+            ) from None
+    autoscaling = spec.get("autoscaling") or {}
+    if autoscaling.get("enabled"):
+        wanted = int(autoscaling.get("maxReplicas", spec.get("replicas", 1)))
+    else:
+        wanted = int(spec.get("replicas", 1))
+    return OnlineMember(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        per_replica_mib=per_replica,
+        wanted_replicas=max(wanted, 0),
+        current_cap=_int_annotation(ctd, REPLICA_CAP_ANNOTATION),
+        observed_pods=max(live_pods(pods), _deployment_replicas(deployment)),
+    )
+
+
+def _deployment_replicas(deployment: Mapping[str, Any] | None) -> int:
+    if not deployment:
+        return 0
+    spec = int((deployment.get("spec") or {}).get("replicas", 1) or 0)
+    status = int((deployment.get("status") or {}).get("replicas", 0) or 0)
+    return max(spec, status)
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return True
+    return False
+
+
+def offline_member(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per_gpu_mib: int,
+                   codec: GpuCodec = DEFAULT_GPU_CODEC) -> OfflineMember:
+    """A batch/v1 Job as an offline member: its pod template's GPU memory x the pods it
+    runs at once (parallelism, no more than the completions still to go)."""
+    meta = job["metadata"]
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    per_pod = codec.pod_spec_memory_mib((spec.get("template") or {}).get("spec"), per_gpu_mib)
+    parallelism = int(spec.get("parallelism", 1))
+    completions = spec.get("completions")
+    if completions is not None:
+        parallelism = min(parallelism, max(int(completions) - int(status.get("succeeded", 0)), 0))
+    return OfflineMember(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        per_pod_mib=per_pod,
+        parallelism=parallelism,
+        suspended=bool(spec.get("suspend", False)),
+        priority=_int_annotation(job, OFFLINE_PRIORITY_ANNOTATION) or 0,
+        created=meta.get("creationTimestamp", "") or "",
+        finished=job_finished(job),
+        observed_pods=live_pods(pods),
+    )
+
+
+def shared_nodes(
+    pool: Iterable[Mapping[str, Any]], others: Mapping[str, LabelSelector]
+) -> dict[str, list[str]]:
+    """Other policies whose node selector also picks nodes of this pool: {policy: [node, ...]}.
+    Two policies handing out the same GPUs could together over-commit them."""
+    found: dict[str, list[str]] = {}
+    for other, selector in sorted(others.items()):
+        names = sorted(n["metadata"]["name"] for n in pool if selector_matches(selector, n["metadata"].get("labels")))
+        if names:
+            found[other] = names
+    return found

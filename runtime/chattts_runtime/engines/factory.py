@@ -1,0 +1,60 @@
+"""The engine a runtime config asks for, on the device and dtype it asks for: one factory
+for the speech server and the batch synthesis job. Heavy modules are imported lazily."""
+from __future__ import annotations
+
+from chattts_runtime.config import EngineKind, RuntimeConfig
+
+
+def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
+    from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
+
+    kind = config.engine_kind
+    if kind in (EngineKind.REFERENCE, EngineKind.GRAPH):
+        kwargs = dict(max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
+                      max_model_len=config.engine.max_model_len)
+        if kind == EngineKind.GRAPH:
+            # Streams get audio decoded in the engine on the speech API's window schedule; other
+            # requests get frames as often as the speech API would decode them (a third of a window).
+            windows = StreamWindows(config.generation.stream_chunk_frames)
+            kwargs.update(emit_frames=windows.first_frames, windows=windows)
+        if separate_engine_process(config, model.device.type):
+            from chattts_runtime.engines.process import EngineSpec, ProcessEngine  # noqa: PLC0415
+
+            spec = EngineSpec(kind.value, str(config.model.path), model.device.type,
+                              str(model.gpt.dtype).removeprefix("torch."), kwargs)
+            return ProcessEngine(spec, max_waiting=config.server.max_queue,
+                                 max_model_len=config.engine.max_model_len, observer=observer,
+                                 on_failure=on_failure)
+        if kind == EngineKind.GRAPH:
+            from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+
+            return GraphEngine(model, observer=observer, **kwargs)
+        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
+
+        return ReferenceEngine(model, observer=observer, **kwargs)
+    from chattts_runtime.engines.vllm_engine import VLLMEngine  # noqa: PLC0415
+
+    return VLLMEngine.from_config(config, model, observer)
+
+
+def separate_engine_process(config: RuntimeConfig, device: str) -> bool:
+    if config.engine.process == "auto":
+        return config.engine_kind == EngineKind.GRAPH and device == "cuda"
+    return config.engine.process == "separate"
+
+
+def resolve_device(config: RuntimeConfig) -> str:
+    if config.device != "auto":
+        return config.device
+    import torch  # noqa: PLC0415
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(config: RuntimeConfig, device: str):
+    import torch  # noqa: PLC0415
+
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if config.engine.dtype in names:
+        return names[config.engine.dtype]
+    return torch.bfloat16 if device == "cuda" else torch.float32

@@ -1,0 +1,38 @@
+"""Helpers of the parity tests (the fixtures are in conftest.py)."""
+from __future__ import annotations
+
+import torch
+
+
+def upstream_greedy(input_ids, logits):
+    """An upstream logits processor (``(input_ids, scores) -> scores``) that keeps the argmax only:
+    upstream's ``GPT.generate`` has no greedy mode, this makes its multinomial draw the argmax."""
+    return torch.full_like(logits, -torch.inf).scatter_(1, logits.argmax(1, keepdim=True), 0.0)
+
+
+def run_reference(model, requests):
+    """Every ``SynthesisRequest`` through the runtime's reference engine: ``[(codes, hidden)]``."""
+    import asyncio  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
+
+    async def run():
+        engine = ReferenceEngine(model)
+        await engine.start()
+        try:
+            out = []
+            for req in requests:
+                codes, hidden = [], []
+                async for chunk in engine.submit(req):
+                    assert chunk.error is None, chunk.error
+                    codes.append(chunk.codes)
+                    if chunk.hidden is not None:
+                        hidden.append(chunk.hidden)
+                out.append((np.concatenate(codes), np.concatenate(hidden) if hidden else None))
+            return out
+        finally:
+            await engine.stop()
+
+    return asyncio.run(run())

@@ -1,0 +1,55 @@
+"""Helpers shared by every test tier (fixtures are in the conftest.py files)."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_DIR = REPO / "deploy" / "crds"
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 120, interval: float = 0.5) -> Any:
+    """Poll until ``predicate()`` returns something truthy, and return it. An exception from
+    the predicate is another "not yet"; the last one is reported on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        try:
+            value = predicate()
+        except Exception as err:  # keep polling; report the last error on timeout
+            value, last = None, err
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}"
+                                 + (f" (last error: {last!r})" if last else ""))
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ctd(name: str, **spec: Any) -> dict[str, Any]:
+    """A ChatTTSDeployment that runs on the simulated GPU nodes: 2 replicas of 8Gi unless ``spec`` says otherwise."""
+    body = {"model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"}, "gpu": {"memory": "8Gi"},
+            "replicas": 2}
+    body.update(spec)
+    return {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": name},
+            "spec": body}
+
+
+def install_crds(cluster) -> None:
+    """Apply every generated CRD (ChatTTSDeployment and GPUSharePolicy) and wait until it serves."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests",
+                    "-f", str(CRD_DIR))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/chattsdeployments.tts.chattts.io", "crd/gpusharepolicies.tts.chattts.io")
+    # Discovery may lag the Established condition by a moment.
+    wait_until(lambda: cluster.kubectl("get", "ctd,gsp", "-A", check=False).returncode == 0,
+               "the ctd/gsp resources to become servable", timeout=30, interval=0.3)
