@@ -26,15 +26,19 @@ def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     return repr(text)
 
 
+# The rest of an unread body must not be parsed as a next request on the same connection.
+_CLOSE = {"Connection": "close"}
+
+
 async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, *, max_bytes: int,
                     timeout: float) -> bytes:
     """The whole body, or 413 (too large: from the header before reading) / 408 (not in ``timeout``)."""
     if content_length is not None:
         if not content_length.isdigit():
-            raise APIError(400, "Content-Length is not a number", code="invalid_content_length")
+            raise APIError(400, "Content-Length is not a number", code="invalid_content_length", headers=_CLOSE)
         if int(content_length) > max_bytes:
             raise APIError(413, f"request body of {int(content_length)} bytes exceeds the limit of {max_bytes}",
-                           code="request_too_large")
+                           code="request_too_large", headers=_CLOSE)
 
     async def collect() -> bytes:
         parts, size = [], 0
@@ -42,7 +46,7 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, *,
             size += len(part)
             if size > max_bytes:  # a chunked body has no Content-Length: count as it comes
                 raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes",
-                               code="request_too_large")
+                               code="request_too_large", headers=_CLOSE)
             parts.append(part)
         return b"".join(parts)
 
@@ -50,7 +54,7 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, *,
         return await asyncio.wait_for(collect(), timeout)
     except TimeoutError:
         raise APIError(408, f"request body did not arrive within {timeout:g} s",
-                       code="request_timeout") from None
+                       code="request_timeout", headers=_CLOSE) from None
 
 
 def nesting_depth_exceeds(raw: bytes, max_depth: int) -> bool:

@@ -52,8 +52,8 @@ def build_app(holder: "ServiceHolder"):
 
     from chattts_runtime.abandon import Stopped, client_disconnected, unless  # noqa: PLC0415
     from chattts_runtime.audio_io import CONTENT_TYPES, AudioEncoder  # noqa: PLC0415
-    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
     from chattts_runtime.auth import APIKeys, BearerAuth  # noqa: PLC0415
+    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
     from chattts_runtime.limits import names_for_header, parse_json_object, read_body, unknown_fields  # noqa: PLC0415
     from chattts_runtime.service import APIError, SpeechRequest, parse_speech_request  # noqa: PLC0415
 
@@ -119,12 +119,8 @@ def build_app(holder: "ServiceHolder"):
         if service.model.encoder is None:
             raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
                            "sample are not available", code="no_voice_encoder")
-        try:
-            raw = await read_body(request.stream(), request.headers.get("content-length"),
-                                  max_bytes=voice_api.MAX_BODY_BYTES, timeout=limits.body_timeout_seconds)
-        except ClientDisconnect:
-            holder.count_outcome(request.url.path, "aborted")
-            return Response(status_code=400)  # nobody reads it
+        raw = await read_body(request.stream(), request.headers.get("content-length"),
+                              max_bytes=voice_api.MAX_BODY_BYTES, timeout=limits.body_timeout_seconds)
         payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
         try:
             samples = voice_api.clip_from_payload(payload)
@@ -151,8 +147,8 @@ def build_app(holder: "ServiceHolder"):
         payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         speech_request = parse_speech_request(payload)
-        # Off the event loop: decoding a speaker string and the text front-end (it tokenizes every
-        # piece of a long input, tens of ms for 4,096 characters) are CPU work of their own.
+        # Off the event loop: the text front-end tokenizes every piece of a long input (tens of ms for
+        # 4,096 characters, bench/results/text-frontend-*), a speaker string is decoded.
         synthesis = await asyncio.to_thread(service.prepare, speech_request)
         await service.refine(synthesis, speech_request)
         headers.update(refined_text_headers(synthesis.refined_text))

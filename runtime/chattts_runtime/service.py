@@ -19,12 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
 from chattts_runtime.config import RuntimeConfig
+from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
+from chattts_runtime.limits import quote
 from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
 from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.longform import chain_pieces
-from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
-from chattts_runtime.limits import quote
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 

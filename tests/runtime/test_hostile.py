@@ -172,6 +172,7 @@ def test_body_that_does_not_arrive_is_408(server):
             b"Content-Length: 500\r\n\r\n")
     answer, seconds = raw_http(server, head, b'{"model": "chattts", "input": "')
     assert answer.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in answer
+    assert b"connection: close" in answer.lower()
     assert 1.0 < seconds < 6  # body_timeout_seconds is 1.5
     assert_serving(server)
 
