@@ -56,7 +56,9 @@ def _start(tmp: Path, checkpoint: Path, engine_kind: str, timeout: float) -> Ser
         "model": {"path": str(checkpoint)}, "engine_kind": engine_kind, "device": "cpu",
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 64},
         "engine": {"max_num_seqs": MAX_NUM_SEQS, "dtype": "float32", "enforce_eager": True, "max_model_len": 256},
-        "generation": {"temperature": 0, "max_new_frames": FRAMES, "stream_chunk_frames": 12}}))
+        # One stated pipeline on both engines: the vllm engine's (codes -> DVAE, no refine-text).
+        "generation": {"temperature": 0, "max_new_frames": FRAMES, "stream_chunk_frames": 12,
+                       "audio_decoder": "dvae", "refine_text": False}}))
     log = tmp / f"{engine_kind}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
     proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg)],
