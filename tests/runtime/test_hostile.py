@@ -93,7 +93,7 @@ def test_deep_json_nesting_is_a_fast_400(server):
     assert_openai_error(post_raw(server, body), 400, code="invalid_json")
     assert time.monotonic() - start < 5
     # brackets inside strings are text, not nesting
-    text = "[" * 40 + "{" * 40
+    text = "hello " + "[" * 40 + "{" * 40
     assert speech(server.client(), input=text, response_format="pcm").status_code == 200
 
 
