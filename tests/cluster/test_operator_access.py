@@ -14,7 +14,7 @@ from chattts_operator.core.labels import FIELD_MANAGER
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment import children as builders
 from chattts_operator.deployment.spec import desired_state, parse_spec
-from tests.cluster.helpers import OPERATOR_SETTINGS, apply, get
+from tests.cluster.helpers import apply, get
 from tests.support import ctd, wait_until
 
 KEY = "k-4d1f0c2e9b7a"  # written into the Secret only; must appear nowhere else
@@ -45,11 +45,13 @@ def test_auth_and_network_policy_are_rendered_and_reported(crds, namespace, oper
     assert degraded["status"] == "True" and degraded["reason"] == "SecretNotFound"
     assert f"{namespace}/locked-keys" in degraded["message"]
 
-    # The NetworkPolicy: exactly what the pure builder renders, applied by our field manager, owned.
+    # The NetworkPolicy: exactly what the pure builder renders (it depends on no operator
+    # setting), server-side applied by the operator's field manager, owned by the object.
     policy = wait_until(lambda: exists(kubectl, namespace, "networkpolicy", "locked")
-                        and get(kubectl, namespace, "networkpolicy", "locked"), "the NetworkPolicy")
+                        and get(kubectl, namespace, "networkpolicy", "locked", "--show-managed-fields"),
+                        "the NetworkPolicy")
     live_body = get(kubectl, namespace, "ctd", "locked")
-    wanted = desired_state(live_body, parse_spec(live_body), OperatorSettings(**OPERATOR_SETTINGS),
+    wanted = desired_state(live_body, parse_spec(live_body), OperatorSettings(),
                            largest_node_gpu_mib=None).network_policy
     assert policy["spec"] == wanted["spec"]
     port = [{"protocol": "TCP", "port": builders.HTTP_PORT}]
