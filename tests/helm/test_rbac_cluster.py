@@ -250,8 +250,17 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
     caplog.set_level(logging.INFO)
     with operator_running_as(identity, monkeypatch):
         # create: Deployment, Service, ConfigMap; the AWQ Job; the autoscaler scales 1 -> 2.
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_ctd(name, 128, 64)))
+        # With spec.auth and spec.networkPolicy: the NetworkPolicy child is applied; by default the
+        # chart grants no Secret reads, so the APIKeys condition says the Secret was not checked.
+        locked = _ctd(name, 128, 64)
+        locked["spec"].update(auth={"secretName": "rbac-keys"}, networkPolicy={})
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(locked))
         (deployment,) = _wait_for(lambda: _serving_deployments(cluster, ns, name), "the serving Deployment")
+        _wait_for(lambda: cluster.kubectl("get", "networkpolicy", name, "-n", ns, check=False).returncode == 0,
+                  "the NetworkPolicy")
+        _wait_for(lambda: any(c["type"] == "APIKeys" and c["reason"] == "SecretNotChecked"
+                              for c in _status(cluster, ns, name).get("conditions") or []),
+                  "the APIKeys condition (SecretNotChecked)")
         limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpumem"] == "16384" and limits["nvidia.com/gpu"] == "1"
         (first_job,) = _wait_for(lambda: _jobs(cluster, ns, name), "the quantization Job")
@@ -264,7 +273,10 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
         # update: a new quantization spec replaces the Job (stale one deleted); the engine change
         # reaches the runtime config; status follows.
         cluster.kubectl("patch", "ctd", name, "-n", ns, "--type=merge", "-p", json.dumps(
-            {"spec": {"engine": {"maxNumSeqs": 32}, "quantization": {"groupSize": 64}}}))
+            {"spec": {"engine": {"maxNumSeqs": 32}, "quantization": {"groupSize": 64},
+                      "networkPolicy": {"enabled": False}}}))
+        _wait_for(lambda: cluster.kubectl("get", "networkpolicy", name, "-n", ns, check=False).returncode != 0,
+                  "the disabled NetworkPolicy deleted")
         stale = first_job["metadata"]["name"]
         _wait_for(lambda: (names := [j["metadata"]["name"] for j in _jobs(cluster, ns, name)]) and stale not in names,
                   "the stale Job to be replaced by a new one")
