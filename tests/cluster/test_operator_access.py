@@ -32,7 +32,7 @@ def exists(kubectl, namespace, kind, name) -> bool:
 def test_auth_and_network_policy_are_rendered_and_reported(crds, namespace, operators):
     kubectl = crds.kubectl
     # A short resync: nothing watches Secrets, so a Secret created later is seen by the resync.
-    operators(resync_interval_seconds="2").start()
+    operators(resync_interval_seconds="2", api_key_secret_check="true").start()
     body = ctd("locked", replicas=1, auth={"secretName": "locked-keys", "keys": ["team-a"]},
                networkPolicy={"allowFrom": PEERS})
     apply(kubectl, namespace, body)

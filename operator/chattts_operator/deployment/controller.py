@@ -341,8 +341,10 @@ class DeploymentController:
         return True
 
     async def _api_keys_secret(self, namespace: str, name: str) -> str:
-        """Whether spec.auth's Secret exists: found, missing or unchecked (this operator may
-        not get Secrets). Only its metadata is read, never its data."""
+        """Whether spec.auth's Secret exists: found, missing or unchecked (the check is off,
+        or this operator may not get Secrets). Only its metadata is read, never its data."""
+        if not self.settings.api_key_secret_check:
+            return SECRET_UNCHECKED  # no request RBAC would refuse on every reconcile
         try:
             found = await self.kube.get_metadata("Secret", namespace, name)
         except ApiException as err:

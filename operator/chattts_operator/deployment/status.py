@@ -99,7 +99,8 @@ def _api_keys_condition(desired: Desired, observed: Observed, gen: int) -> dict[
                          f"{where} does not exist: new serving pods wait in ContainerCreating until it is created",
                          generation=gen)
     return condition("APIKeys", "Unknown", "SecretNotChecked",
-                     f"the operator may not get Secrets, so whether {where} exists is unknown", generation=gen)
+                     f"whether {where} exists is not checked: the operator may not get Secrets "
+                     "(operator setting api_key_secret_check, chart value rbac.apiKeySecretCheck)", generation=gen)
 
 
 def compute_status(
