@@ -58,6 +58,11 @@ class AuthSpec(_SpecModel):
         return value
 
 
+_NEEDS_VALUES = "a selector requirement with operator In or NotIn needs values"
+_TAKES_NO_VALUES = "a selector requirement with operator Exists or DoesNotExist takes no values"
+_NEEDS_A_SELECTOR = "a networkPolicy peer needs namespaceSelector, podSelector or both"
+
+
 class SelectorRequirement(_SpecModel):
     """A label selector requirement (as in metav1.LabelSelectorRequirement)."""
 
@@ -65,20 +70,20 @@ class SelectorRequirement(_SpecModel):
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the key relates to values.")
     values: list[str] | None = Field(None, max_length=64, description="With In and NotIn: the values (non-empty).")
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
+         "message": _NEEDS_VALUES},
+        {"rule": "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
+         "message": _TAKES_NO_VALUES},
+    ]})
+
     @model_validator(mode="after")
     def _values(self) -> "SelectorRequirement":
         if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"a selector requirement with operator {self.operator} needs values")
+            raise ValueError(_NEEDS_VALUES)
         if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"a selector requirement with operator {self.operator} takes no values")
+            raise ValueError(_TAKES_NO_VALUES)
         return self
-
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
-         "message": "a selector requirement with operator In or NotIn needs values"},
-        {"rule": "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
-         "message": "a selector requirement with operator Exists or DoesNotExist takes no values"},
-    ]})
 
 
 class LabelSelector(_SpecModel):
@@ -96,7 +101,7 @@ class PeerSpec(_SpecModel):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "has(self.namespaceSelector) || has(self.podSelector)",
-         "message": "a networkPolicy peer needs namespaceSelector, podSelector or both"},
+         "message": _NEEDS_A_SELECTOR},
     ]})
 
     namespace_selector: LabelSelector | None = Field(None, description="Namespaces the clients run in.")
@@ -105,7 +110,7 @@ class PeerSpec(_SpecModel):
     @model_validator(mode="after")
     def _one_selector(self) -> "PeerSpec":
         if self.namespace_selector is None and self.pod_selector is None:
-            raise ValueError("a networkPolicy peer needs namespaceSelector, podSelector or both")
+            raise ValueError(_NEEDS_A_SELECTOR)
         return self
 
 

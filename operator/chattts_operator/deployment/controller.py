@@ -5,7 +5,8 @@ update, resume, a change of its Deployment, the periodic resync):
 
 1. build the desired children and the GPU plan from the object (pure);
 2. read each child and server-side apply only those that differ (missing, our intent hash
-   changed, or a field we own was edited by hand);
+   changed, or a field we own was edited by hand); delete our NetworkPolicy once
+   spec.networkPolicy is gone or disabled (nothing else collects it while the owner lives);
 3. compute status and patch it only when it differs.
 
 So a resync of an unchanged object makes no write at all. Reconciles of one object never
