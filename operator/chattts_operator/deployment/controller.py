@@ -43,8 +43,10 @@ from chattts_operator.deployment.status import (
     SECRET_MISSING,
     SECRET_UNCHECKED,
     Observed,
+    compute_status,
+    status_changed,
+    transitions,
 )
-from chattts_operator.deployment.status import compute_status, status_changed, transitions
 
 log = logging.getLogger("chattts_operator")
 
