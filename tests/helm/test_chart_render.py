@@ -168,6 +168,22 @@ def test_cluster_wide_grants_namespaced_rules_through_a_cluster_role(helm: Helm)
     assert "--all-namespaces" in operator_container(objects)["args"]
 
 
+def _verbs(objects, group: str, resource: str) -> list[list[str]]:
+    return [sorted(rule["verbs"]) for _obj, rule in all_rules(objects)
+            if group in rule["apiGroups"] and resource in rule["resources"]]
+
+
+@pytest.mark.parametrize("values", [None, {"watchNamespaces": ["tts-a"]}], ids=["cluster-wide", "namespaced"])
+def test_network_policies_and_secrets_get_exactly_the_verbs_they_need(helm: Helm, values):
+    objects = helm.render(values)
+    # spec.networkPolicy: applied (get, create, patch) and deleted when the section goes.
+    assert _verbs(objects, "networking.k8s.io", "networkpolicies") == [["create", "delete", "get", "patch"]]
+    # Secrets: nothing unless asked; then get alone (no list/watch), for spec.auth's existence check.
+    assert _verbs(objects, "", "secrets") == []
+    checked = helm.render({**(values or {}), "rbac": {"apiKeySecretCheck": True}})
+    assert _verbs(checked, "", "secrets") == [["get"]]
+
+
 def test_crds_are_the_generated_ones_kept_on_uninstall(helm: Helm):
     rendered = {c["metadata"]["name"]: c for c in by_kind(helm.render(), "CustomResourceDefinition")}
     generated = {}

@@ -62,12 +62,12 @@ def _token_kubeconfig(cluster, token: str, path: Path) -> Path:
     return path
 
 
-@pytest.fixture(params=["cluster-wide", "namespaced"])
-def identity(request, cluster, namespace, helm: Helm, tmp_path) -> Iterator[Identity]:
+@contextmanager
+def _chart_identity(cluster, namespace, helm: Helm, tmp_path, watch: list[str],
+                    values: dict | None = None) -> Iterator[Identity]:
     """The chart's ServiceAccount and RBAC (nothing else of the chart) applied, and a token for it."""
     release = f"rbac-{secrets.token_hex(3)}"
-    watch = [namespace] if request.param == "namespaced" else []
-    objects = helm.render({"watchNamespaces": watch}, release=release, namespace=namespace)
+    objects = helm.render({"watchNamespaces": watch, **(values or {})}, release=release, namespace=namespace)
     rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
     crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
@@ -89,6 +89,13 @@ def identity(request, cluster, namespace, helm: Helm, tmp_path) -> Iterator[Iden
             if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found",
                                 check=False)
+
+
+@pytest.fixture(params=["cluster-wide", "namespaced"])
+def identity(request, cluster, namespace, helm: Helm, tmp_path) -> Iterator[Identity]:
+    watch = [namespace] if request.param == "namespaced" else []
+    with _chart_identity(cluster, namespace, helm, tmp_path, watch) as made:
+        yield made
 
 
 @contextmanager
@@ -250,8 +257,17 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
     caplog.set_level(logging.INFO)
     with operator_running_as(identity, monkeypatch):
         # create: Deployment, Service, ConfigMap; the AWQ Job; the autoscaler scales 1 -> 2.
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_ctd(name, 128, 64)))
+        # With spec.auth and spec.networkPolicy: the NetworkPolicy child is applied; by default the
+        # chart grants no Secret reads, so the APIKeys condition says the Secret was not checked.
+        locked = _ctd(name, 128, 64)
+        locked["spec"].update(auth={"secretName": "rbac-keys"}, networkPolicy={})
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(locked))
         (deployment,) = _wait_for(lambda: _serving_deployments(cluster, ns, name), "the serving Deployment")
+        _wait_for(lambda: cluster.kubectl("get", "networkpolicy", name, "-n", ns, check=False).returncode == 0,
+                  "the NetworkPolicy")
+        _wait_for(lambda: any(c["type"] == "APIKeys" and c["reason"] == "SecretNotChecked"
+                              for c in _status(cluster, ns, name).get("conditions") or []),
+                  "the APIKeys condition (SecretNotChecked)")
         limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpumem"] == "16384" and limits["nvidia.com/gpu"] == "1"
         (first_job,) = _wait_for(lambda: _jobs(cluster, ns, name), "the quantization Job")
@@ -264,7 +280,10 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
         # update: a new quantization spec replaces the Job (stale one deleted); the engine change
         # reaches the runtime config; status follows.
         cluster.kubectl("patch", "ctd", name, "-n", ns, "--type=merge", "-p", json.dumps(
-            {"spec": {"engine": {"maxNumSeqs": 32}, "quantization": {"groupSize": 64}}}))
+            {"spec": {"engine": {"maxNumSeqs": 32}, "quantization": {"groupSize": 64},
+                      "networkPolicy": {"enabled": False}}}))
+        _wait_for(lambda: cluster.kubectl("get", "networkpolicy", name, "-n", ns, check=False).returncode != 0,
+                  "the disabled NetworkPolicy deleted")
         stale = first_job["metadata"]["name"]
         _wait_for(lambda: (names := [j["metadata"]["name"] for j in _jobs(cluster, ns, name)]) and stale not in names,
                   "the stale Job to be replaced by a new one")
@@ -375,3 +394,32 @@ def test_identity_cannot_do_what_it_should_not(cluster, identity):
     node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
     refused = identity.kubectl(cluster, "delete", "node", node, "--dry-run=server")
     assert refused.returncode != 0 and "Forbidden" in refused.stderr
+
+
+def test_api_key_secret_check_works_under_its_opt_in_rbac(cluster, namespace, helm, tmp_path, monkeypatch, caplog):
+    """rbac.apiKeySecretCheck: true grants get on Secrets and turns the check on: the
+    metadata-only get is enough for SecretNotFound, then SecretFound, and list stays refused."""
+    caplog.set_level(logging.INFO)
+    with _chart_identity(cluster, namespace, helm, tmp_path, [namespace], {"rbac": {"apiKeySecretCheck": True}}) \
+            as identity:
+        assert identity.env["CHATTTS_OPERATOR_API_KEY_SECRET_CHECK"] == "true"
+        assert identity.can_i(cluster, "get", "secrets", "-n", namespace)
+        assert not identity.can_i(cluster, "list", "secrets", "-n", namespace)
+        assert not identity.can_i(cluster, "get", "secrets", "-n", "kube-system")
+        identity.env["CHATTTS_OPERATOR_RESYNC_INTERVAL_SECONDS"] = "2"  # nothing watches Secrets
+        with operator_running_as(identity, monkeypatch):
+            body = _ctd("rbac-keys", 128, 64)
+            del body["spec"]["quantization"], body["spec"]["autoscaling"]
+            body["spec"]["auth"] = {"secretName": "rbac-api-keys"}
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+            def api_keys_reason():
+                conditions = _status(cluster, namespace, "rbac-keys").get("conditions") or []
+                return next((c["reason"] for c in conditions if c["type"] == "APIKeys"), None)
+
+            _wait_for(lambda: api_keys_reason() == "SecretNotFound", "APIKeys SecretNotFound")
+            cluster.kubectl("create", "secret", "generic", "rbac-api-keys", "-n", namespace, "--from-literal=k=v")
+            _wait_for(lambda: api_keys_reason() == "SecretFound", "APIKeys SecretFound")
+            cluster.kubectl("delete", "ctd", "rbac-keys", "-n", namespace, "--wait=true", "--timeout=60s")
+    refused = _refusals(caplog, namespace)
+    assert not refused, "the operator was refused:\n" + "\n".join(refused)

@@ -92,6 +92,21 @@ CORPUS = [
         _set("spec.autoscaling", {"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
         "minReplicas must not exceed",
     ),
+    BadCase("auth-without-secret", _set("spec.auth", {}), "spec.auth.secretName: Required value"),
+    BadCase("auth-secret-name-invalid", _set("spec.auth", {"secretName": "API_Keys"}), "spec.auth.secretName"),
+    BadCase("auth-key-hidden-by-dot", _set("spec.auth", {"secretName": "keys", "keys": ["..data"]}),
+            "spec.auth.keys[0]"),
+    BadCase("auth-key-repeated", _set("spec.auth", {"secretName": "keys", "keys": ["a", "a"]}), "Duplicate value"),
+    BadCase("network-policy-empty-peer", _set("spec.networkPolicy", {"allowFrom": [{}]}),
+            "needs namespaceSelector, podSelector or both"),
+    BadCase("network-policy-in-without-values",
+            _set("spec.networkPolicy", {"metricsFrom": [{"podSelector": {"matchExpressions": [
+                {"key": "app", "operator": "In"}]}}]}),
+            "operator In or NotIn needs values"),
+    BadCase("network-policy-unknown-operator",
+            _set("spec.networkPolicy", {"allowFrom": [{"namespaceSelector": {"matchExpressions": [
+                {"key": "team", "operator": "Equals", "values": ["a"]}]}}]}),
+            'Unsupported value: "Equals"'),
 ]
 
 

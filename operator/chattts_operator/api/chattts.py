@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from chattts_runtime.config import MANAGED_ENGINE_FLAGS, WeightFormat
 
+from .access import AuthSpec, NetworkPolicySpec
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .common import Condition
 from .quantization import QuantizationSpec, QuantizationStatus
@@ -367,6 +368,13 @@ class ChatTTSDeploymentSpec(_SpecModel):
     resources: ContainerResources = Field(
         default_factory=ContainerResources, json_schema_extra={"default": {}},
         description="CPU and memory of the runtime container.",
+    )
+    auth: AuthSpec | None = Field(
+        None, description="API keys from a Secret: /v1/* needs 'Authorization: Bearer <key>'. Unset: the speech API "
+        "is open to anyone who can reach the Service.",
+    )
+    network_policy: NetworkPolicySpec | None = Field(
+        None, description="A NetworkPolicy limiting ingress to the serving pods; unset: none is rendered.",
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Extra pod tolerations.")
     priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the serving pods.")

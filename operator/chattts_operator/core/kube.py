@@ -40,16 +40,19 @@ MERGE_PATCH = "application/merge-patch+json"
 # (ClusterIP allocation is serialised) time out with 504 and every failed handler retries 5 s
 # later, all together: at N=1000 that never converged (bench/results/operator-scale-findings.md).
 MAX_IN_FLIGHT = 32
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 # kind -> (API path prefix, plural, namespaced) for the objects the operator touches.
 _PATHS: dict[str, tuple[str, str, bool]] = {
     "ConfigMap": ("/api/v1", "configmaps", True),
     "Service": ("/api/v1", "services", True),
     "Pod": ("/api/v1", "pods", True),
+    "Secret": ("/api/v1", "secrets", True),  # metadata only (get_metadata), never the data
     "Event": ("/api/v1", "events", True),
     "Node": ("/api/v1", "nodes", False),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
     "ChatTTSDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL, True),
@@ -115,13 +118,13 @@ class Kube:
         self._in_flight = asyncio.Semaphore(max_in_flight)
 
     async def _call(self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
-                    content_type: str = "application/json") -> Any:
+                    content_type: str = "application/json", accept: str = "application/json") -> Any:
         async with self._in_flight:
             data, _status, _headers = await self.api.call_api(
                 path,
                 method,
                 query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
+                header_params={"Accept": accept, "Content-Type": content_type},
                 body=body,
                 auth_settings=["BearerToken"],
                 response_types_map={200: "object", 201: "object"},
@@ -132,6 +135,16 @@ class Kube:
     async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             return await self._call("GET", object_path(kind, namespace, name))
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def get_metadata(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """An object's metadata only (PartialObjectMetadata): e.g. whether a Secret exists,
+        without its data ever reaching the operator. None when it does not exist."""
+        try:
+            return await self._call("GET", object_path(kind, namespace, name), accept=PARTIAL_METADATA)
         except ApiException as err:
             if err.status == 404:
                 return None

@@ -100,6 +100,9 @@ class OperatorSettings(BaseModel):
     resync_interval_seconds: float = Field(300.0, gt=0, description="Every object is reconciled at least this often.")
     resync_concurrency: int = Field(8, ge=1, le=256, description="Objects reconciled at once by the resync loop.")
     utilization_warning: float = Field(0.9, gt=0, le=1, description="Warn above this gpuMemoryUtilization.")
+    api_key_secret_check: bool = Field(
+        False, description="Get spec.auth's Secret (its metadata only) so status can say SecretNotFound; needs "
+        "RBAC get on secrets (the chart's rbac.apiKeySecretCheck). Off: the APIKeys condition is Unknown.")
 
     @field_validator("mig_profiles")
     @classmethod

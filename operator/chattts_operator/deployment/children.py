@@ -22,6 +22,7 @@ from chattts_runtime.config import (
     ServerSettings,
 )
 
+from chattts_operator.api.access import PeerSpec
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec
 from chattts_operator.core.labels import (
     CONFIG_HASH_ANNOTATION,
@@ -43,6 +44,9 @@ CONTAINER_NAME = "runtime"
 # before the runtime stops accepting requests.
 PRE_STOP_SLEEP_SECONDS = 5
 SCRATCH_SIZE = "2Gi"
+# Not under CONFIG_DIR: a mount point inside the read-only ConfigMap volume cannot be made.
+API_KEYS_MOUNT_PATH = "/etc/chattts-api-keys"
+API_KEYS_FILE_MODE = 0o444  # the runtime runs as RUNTIME_USER, not the files' owner
 
 def deployment_name(name: str) -> str:
     return name
@@ -57,6 +61,10 @@ def configmap_name(name: str) -> str:
 
 
 def pdb_name(name: str) -> str:
+    return name
+
+
+def network_policy_name(name: str) -> str:
     return name
 
 
@@ -130,6 +138,8 @@ def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
             max_queue=spec.server.max_queue,
             max_input_chars=spec.server.max_input_chars,
             shutdown_grace_seconds=float(spec.server.shutdown_grace_seconds),
+            # Only the path: the keys stay in the Secret volume, never in the ConfigMap.
+            api_keys_path=API_KEYS_MOUNT_PATH if spec.auth is not None else None,
         ),
         device="cuda",
     )
@@ -167,6 +177,17 @@ def _model_volume(spec: ChatTTSDeploymentSpec) -> tuple[dict[str, Any], dict[str
     return volume, mount
 
 
+def _api_keys_volume(spec: ChatTTSDeploymentSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The API keys' Secret volume and its read-only mount, when spec.auth is set."""
+    if spec.auth is None:
+        return None
+    secret: dict[str, Any] = {"secretName": spec.auth.secret_name, "defaultMode": API_KEYS_FILE_MODE}
+    if spec.auth.keys:
+        secret["items"] = [{"key": key, "path": key} for key in spec.auth.keys]
+    return ({"name": "api-keys", "secret": secret},
+            {"name": "api-keys", "mountPath": API_KEYS_MOUNT_PATH, "readOnly": True})
+
+
 def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": "http", "scheme": "HTTP"},
@@ -201,6 +222,10 @@ def build_deployment(
         model_mount,
         {"name": "scratch", "mountPath": "/tmp"},
     ]
+    api_keys = _api_keys_volume(spec)
+    if api_keys is not None:
+        volumes.append(api_keys[0])
+        mounts.append(api_keys[1])
     if spec.gpu.count > 1:
         # NCCL between tensor-parallel ranks needs more shared memory than the runtime's 64 MiB default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
@@ -309,5 +334,36 @@ def build_pdb(owner: Owner) -> dict[str, Any]:
             "selector": {"matchLabels": selector_labels(owner.name)},
             # A pod that never became ready must not block a node drain.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    })
+
+
+# --- NetworkPolicy ---------------------------------------------------------------------------
+
+
+def _peer(peer: PeerSpec) -> dict[str, Any]:
+    return peer.model_dump(by_alias=True, exclude_none=True)
+
+
+def build_network_policy(owner: Owner, spec: ChatTTSDeploymentSpec) -> dict[str, Any] | None:
+    """Ingress to the serving pods' HTTP port from spec.networkPolicy's peers only; None when
+    the section is unset or disabled (the reconciler then deletes a policy it made before)."""
+    policy = spec.network_policy
+    if policy is None or not policy.enabled:
+        return None
+    port = [{"protocol": "TCP", "port": HTTP_PORT}]
+    clients = [_peer(p) for p in policy.allow_from] or [{"podSelector": {}}]  # default: this namespace
+    ingress = [{"from": clients, "ports": port}]
+    if policy.metrics_from:
+        # /metrics is served on the same port: the scrapers get a rule of their own.
+        ingress.append({"from": [_peer(p) for p in policy.metrics_from], "ports": port})
+    return with_intent_hash({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, network_policy_name(owner.name)),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(owner.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     })

@@ -5,7 +5,8 @@ update, resume, a change of its Deployment, the periodic resync):
 
 1. build the desired children and the GPU plan from the object (pure);
 2. read each child and server-side apply only those that differ (missing, our intent hash
-   changed, or a field we own was edited by hand);
+   changed, or a field we own was edited by hand); delete our NetworkPolicy once
+   spec.networkPolicy is gone or disabled (nothing else collects it while the owner lives);
 3. compute status and patch it only when it differs.
 
 So a resync of an unchanged object makes no write at all. Reconciles of one object never
@@ -33,10 +34,19 @@ from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_n
 from chattts_operator.core.labels import MANAGED_SELECTOR
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ListWatch
+from chattts_operator.deployment.children import Owner, network_policy_name
 from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu, node_affinity
 from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
 from chattts_operator.deployment.spec import InvalidSpec, desired_state, needs_apply, parse_spec
-from chattts_operator.deployment.status import Observed, compute_status, status_changed, transitions
+from chattts_operator.deployment.status import (
+    SECRET_FOUND,
+    SECRET_MISSING,
+    SECRET_UNCHECKED,
+    Observed,
+    compute_status,
+    status_changed,
+    transitions,
+)
 
 log = logging.getLogger("chattts_operator")
 
@@ -256,6 +266,11 @@ class DeploymentController:
                 # Only a run that checked every child may declare this generation applied.
                 observed.deployment_applied = not deployment_only
                 self._remember_deployment(key, live)
+        if desired.network_policy is None and not deployment_only and await self._prune_network_policy(desired.owner):
+            applied_any = True
+        if desired.spec.auth is not None:
+            observed.api_keys_secret = await self._api_keys_secret(desired.owner.namespace,
+                                                                   desired.spec.auth.secret_name)
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
             observed.live_deployment = live_deployment or await self.kube.get(
@@ -316,6 +331,30 @@ class DeploymentController:
         for event_type, reason, message in plan.events:
             await self._post_event(body, event_type, reason, message)
         return plan
+
+    async def _prune_network_policy(self, owner: Owner) -> bool:
+        """Delete the NetworkPolicy this object made before, now that none is wanted (a read
+        only, when there is none). True when one was deleted."""
+        live = await self.kube.get("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
+        refs = (live or {}).get("metadata", {}).get("ownerReferences") or []
+        if not any(ref.get("uid") == owner.uid for ref in refs):
+            return False  # none, or not ours: leave it alone
+        await self.kube.delete("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
+        metrics.CHILD_WRITES.labels("NetworkPolicy").inc()
+        return True
+
+    async def _api_keys_secret(self, namespace: str, name: str) -> str:
+        """Whether spec.auth's Secret exists: found, missing or unchecked (the check is off,
+        or this operator may not get Secrets). Only its metadata is read, never its data."""
+        if not self.settings.api_key_secret_check:
+            return SECRET_UNCHECKED  # no request RBAC would refuse on every reconcile
+        try:
+            found = await self.kube.get_metadata("Secret", namespace, name)
+        except ApiException as err:
+            if err.status != 403:
+                raise
+            return SECRET_UNCHECKED
+        return SECRET_FOUND if found is not None else SECRET_MISSING
 
     def _remember_deployment(self, key: Key, live: dict[str, Any] | None) -> None:
         slot = self._slots.get(key)

@@ -21,6 +21,7 @@ from chattts_operator.deployment.children import (
     Owner,
     build_configmap,
     build_deployment,
+    build_network_policy,
     build_pdb,
     build_service,
     config_hash,
@@ -104,6 +105,7 @@ class Desired:
     service: dict[str, Any]
     pdb: dict[str, Any]
     config_hash: str
+    network_policy: dict[str, Any] | None = None  # None: none wanted (one left from before is deleted)
 
     @property
     def rollout_allowed(self) -> bool:
@@ -111,13 +113,16 @@ class Desired:
 
     def children(self) -> list[dict[str, Any]]:
         """The objects to apply, in order: the ConfigMap before the Deployment that mounts it.
-        A blocked spec applies only the Service and the PDB (they cannot break serving pods)."""
+        A blocked spec applies only the Service, the PDB and the NetworkPolicy (they cannot
+        break serving pods)."""
         out = []
         if self.rollout_allowed:
             out.append(self.configmap)
             assert self.deployment is not None
             out.append(self.deployment)
         out += [self.service, self.pdb]
+        if self.network_policy is not None:
+            out.append(self.network_policy)
         return out
 
 
@@ -184,6 +189,7 @@ def desired_state(
         service=build_service(owner),
         pdb=build_pdb(owner),
         config_hash=chash,
+        network_policy=build_network_policy(owner, spec),
     )
 
 

@@ -9,10 +9,12 @@ from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.core.labels import selector_string
 from chattts_operator.deployment.spec import Desired
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys")
+# Observed.api_keys_secret: what the reconciler found of spec.auth's Secret.
+SECRET_FOUND, SECRET_MISSING, SECRET_UNCHECKED = "found", "missing", "unchecked"
 # Conditions whose True is bad news: their transitions to True are Warning events.
 _ABNORMAL_TRUE = {"Degraded"}
-_ABNORMAL_FALSE = {"GPUCapacity", "Ready"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys"}
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Observed:
     live_deployment: dict[str, Any] | None
     deployment_applied: bool = False  # the desired Deployment is now what the cluster has
     apply_error: str | None = None
+    api_keys_secret: str | None = None  # SECRET_*; None: spec.auth is unset
 
 
 def transitions(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -82,6 +85,24 @@ def _deployment_failure(dep: dict[str, Any]) -> str | None:
     return None
 
 
+def _api_keys_condition(desired: Desired, observed: Observed, gen: int) -> dict[str, Any] | None:
+    """APIKeys: whether spec.auth's Secret exists (without it the pods wait in
+    ContainerCreating); none when spec.auth is unset."""
+    auth = desired.spec.auth
+    if auth is None:
+        return None
+    where = f"Secret {desired.owner.namespace}/{auth.secret_name}"
+    if observed.api_keys_secret == SECRET_FOUND:
+        return condition("APIKeys", True, "SecretFound", f"{where} is mounted at the serving pods", generation=gen)
+    if observed.api_keys_secret == SECRET_MISSING:
+        return condition("APIKeys", False, "SecretNotFound",
+                         f"{where} does not exist: new serving pods wait in ContainerCreating until it is created",
+                         generation=gen)
+    return condition("APIKeys", "Unknown", "SecretNotChecked",
+                     f"whether {where} exists is not checked: the operator may not get Secrets "
+                     "(operator setting api_key_secret_check, chart value rbac.apiKeySecretCheck)", generation=gen)
+
+
 def compute_status(
     desired: Desired,
     observed: Observed,
@@ -122,6 +143,10 @@ def compute_status(
         progressing = condition("Progressing", not complete, "RollingOut" if not complete else "Complete", message, generation=gen)
     conditions.append(progressing)
 
+    api_keys = _api_keys_condition(desired, observed, gen)
+    if api_keys is not None:
+        conditions.append(api_keys)
+
     # Degraded
     failure = _deployment_failure(dep) if dep is not None else None
     if blocked:
@@ -131,6 +156,8 @@ def compute_status(
         degraded = condition("Degraded", True, "ApplyFailed", observed.apply_error, generation=gen)
     elif failure:
         degraded = condition("Degraded", True, failure.split(":", 1)[0], failure, generation=gen)
+    elif api_keys is not None and api_keys["status"] == "False":
+        degraded = condition("Degraded", True, api_keys["reason"], api_keys["message"], generation=gen)
     else:
         degraded = condition("Degraded", False, "AsExpected", "", generation=gen)
     conditions.append(degraded)

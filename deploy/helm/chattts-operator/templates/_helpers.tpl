@@ -98,6 +98,8 @@ its own fields are set here. */}}
   value: {{ .Values.operator.healthPort | quote }}
 - name: CHATTTS_OPERATOR_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
+- name: CHATTTS_OPERATOR_API_KEY_SECRET_CHECK
+  value: {{ .Values.rbac.apiKeySecretCheck | quote }}
 - name: CHATTTS_OPERATOR_RESYNC_INTERVAL_SECONDS
   value: {{ .Values.operator.resyncIntervalSeconds | quote }}
 - name: CHATTTS_OPERATOR_RUNTIME_IMAGE

@@ -2,7 +2,8 @@
 RBAC rules, derived from the API calls in operator/chattts_operator (each rule names its
 callers). Verbs: kopf watches need list+watch; server-side apply needs patch, and create
 when the object does not exist yet; kopf keeps its progress annotations and finalizers with
-patch. Children are removed by the garbage collector (owner references), so no delete.
+patch. Children are removed by the garbage collector (owner references), so no delete,
+except the NetworkPolicy, which the operator removes itself when spec.networkPolicy goes.
 tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 */}}
 
@@ -71,6 +72,17 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# deployment/controller.py: the NetworkPolicy child (spec.networkPolicy), server-side applied like
+# the others, and deleted when the section is removed or disabled (its owner still lives).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- if .Values.rbac.apiKeySecretCheck }}
+# deployment/controller.py: whether spec.auth's Secret exists (a metadata-only get; no list/watch).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 # autoscaling/controller.py (Ready pods to scrape) and sharepolicy/controller.py (members' pods).
 - apiGroups: [""]
   resources: ["pods"]
