@@ -53,3 +53,22 @@ def install_crds(cluster) -> None:
     # Discovery may lag the Established condition by a moment.
     wait_until(lambda: cluster.kubectl("get", "ctd,gsp", "-A", check=False).returncode == 0,
                "the ctd/gsp resources to become servable", timeout=30, interval=0.3)
+
+
+def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path, *, mode: int = 0o600) -> Path:
+    """A kubeconfig for the local cluster that holds only ``token`` (a ServiceAccount's), so what
+    uses it has exactly that identity's rights. ``mode`` 0o644 lets a container's user read it."""
+    import yaml  # noqa: PLC0415
+
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        "current-context": "operator"}))
+    path.chmod(mode)
+    return path

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import Helm
+from tests.support import token_kubeconfig
 
 pytestmark = pytest.mark.helm
 
@@ -47,21 +48,6 @@ class Identity:
         return result.stdout.strip() == "yes"
 
 
-def _token_kubeconfig(cluster, token: str, path: Path) -> Path:
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
-        "current-context": "operator",
-    }))
-    path.chmod(0o600)
-    return path
-
-
 @contextmanager
 def _chart_identity(cluster, namespace, helm: Helm, tmp_path, watch: list[str],
                     values: dict | None = None) -> Iterator[Identity]:
@@ -81,7 +67,7 @@ def _chart_identity(cluster, namespace, helm: Helm, tmp_path, watch: list[str],
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     try:
         token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
-        kubeconfig = _token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, tmp_path / "operator.kubeconfig")
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         yield Identity(release, namespace, service_account, kubeconfig, env, watch)
     finally:

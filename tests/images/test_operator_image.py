@@ -17,6 +17,7 @@ import yaml
 
 import localcluster
 from conftest import REPO, free_port, wait_for_http
+from tests.support import token_kubeconfig
 
 pytestmark = [pytest.mark.images, pytest.mark.cluster]
 
@@ -36,23 +37,6 @@ def render_chart(release: str, namespace: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
-def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
-    """A kubeconfig holding only the ServiceAccount token, readable by the container's user."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    admin = yaml.safe_load(admin_kubeconfig.read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
-        "current-context": "operator"}))
-    path.parent.chmod(0o755)
-    path.chmod(0o644)
-    return path
-
-
 def test_operator_image_reconciles_a_sample_under_the_chart_identity(cluster, namespace, operator_image,
                                                                       run_container, tmp_path):
     objects = render_chart(f"img-{secrets.token_hex(3)}", namespace)
@@ -70,7 +54,9 @@ def test_operator_image_reconciles_a_sample_under_the_chart_identity(cluster, na
     try:
         token = cluster.kubectl("create", "token", pod["serviceAccountName"], "-n", namespace,
                                 "--duration=1h").stdout.strip()
-        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, tmp_path / "identity" / "kubeconfig")
+        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, tmp_path / "identity" / "kubeconfig",
+                                      mode=0o644)
+        kubeconfig.parent.chmod(0o755)
         health_port, metrics_port = free_port(), free_port()
         # The chart's arguments, with the liveness endpoint on a free loopback port (host network).
         args = [f"--liveness=http://127.0.0.1:{health_port}/healthz" if a.startswith("--liveness=") else a
