@@ -63,7 +63,7 @@ def runtime_processes(tmp_path_factory):
                 "device": "cpu",
                 "engine": {"max_num_seqs": SLOTS},
                 "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_seconds": 5},
-                "generation": {"temperature": 0, "max_new_frames": 32},
+                "generation": {"temperature": 0, "max_new_frames": 32, "refine_text": False},
             }
             cfg = base / f"runtime-{i}.yaml"
             cfg.write_text(yaml.safe_dump(config))
