@@ -55,7 +55,7 @@ def _start(tmp: Path, checkpoint: Path, engine_kind: str, timeout: float) -> Ser
     cfg.write_text(yaml.safe_dump({
         "model": {"path": str(checkpoint)}, "engine_kind": engine_kind, "device": "cpu",
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 64},
-        "engine": {"max_num_seqs": MAX_NUM_SEQS, "dtype": "float32", "enforce_eager": True, "max_model_len": 256},
+        "engine": {"max_num_seqs": MAX_NUM_SEQS, "dtype": "float32", "enforce_eager": True, "max_model_len": 1024},
         # One stated pipeline on both engines: the vllm engine's (codes -> DVAE, no refine-text).
         "generation": {"temperature": 0, "max_new_frames": FRAMES, "stream_chunk_frames": 12,
                        "audio_decoder": "dvae", "refine_text": False}}))
