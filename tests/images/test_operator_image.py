@@ -67,8 +67,9 @@ def test_operator_image_reconciles_a_sample_under_the_chart_identity(cluster, na
             f"--volume={kubeconfig}:/etc/chattts/kubeconfig:ro", *[f"--env={k}={v}" for k, v in env.items()]])
         wait_for_http(f"http://127.0.0.1:{health_port}/healthz", container, timeout=120)
 
-        sample = yaml.safe_load(SAMPLE.read_text())
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(sample))
+        # The sample is its API-key Secret and the ChatTTSDeployment that names it.
+        cluster.kubectl("apply", "-n", namespace, "-f", str(SAMPLE))
+        sample = next(d for d in yaml.safe_load_all(SAMPLE.read_text()) if d and d["kind"] == "ChatTTSDeployment")
         name = sample["metadata"]["name"]
         deadline = time.monotonic() + 120
         while True:
