@@ -72,3 +72,18 @@ def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path, *, mode: in
         "current-context": "operator"}))
     path.chmod(mode)
     return path
+
+
+def apply_chart_identity(cluster, objects: list[dict], rbac_kinds) -> list[dict]:
+    """From a rendered chart: its CRDs (server-side, as an admin installs them, waited until
+    Established) and its RBAC objects applied; returns the RBAC objects for clean-up."""
+    import yaml  # noqa: PLC0415
+
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    rbac = [o for o in objects if o["kind"] in rbac_kinds]
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests", "-f", "-",
+                    input=yaml.safe_dump_all(crds))
+    for crd in crds:
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    return rbac

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import Helm
-from tests.support import token_kubeconfig
+from tests.support import apply_chart_identity, token_kubeconfig
 
 pytestmark = pytest.mark.helm
 
@@ -54,17 +54,11 @@ def _chart_identity(cluster, namespace, helm: Helm, tmp_path, watch: list[str],
     """The chart's ServiceAccount and RBAC (nothing else of the chart) applied, and a token for it."""
     release = f"rbac-{secrets.token_hex(3)}"
     objects = helm.render({"watchNamespaces": watch, **(values or {})}, release=release, namespace=namespace)
-    rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
-    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    # The CRDs as the chart ships them (an admin's job, not the operator's).
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests", "-f", "-",
-                    input=yaml.safe_dump_all(crds))
-    for crd in crds:
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    # The CRDs as the chart ships them (an admin's job, not the operator's), then its RBAC.
+    rbac = apply_chart_identity(cluster, objects, RBAC_KINDS)
     try:
         token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
         kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, tmp_path / "operator.kubeconfig")

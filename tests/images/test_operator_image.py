@@ -17,7 +17,7 @@ import yaml
 
 import localcluster
 from conftest import REPO, free_port, wait_for_http
-from tests.support import token_kubeconfig
+from tests.support import apply_chart_identity, token_kubeconfig
 
 pytestmark = [pytest.mark.images, pytest.mark.cluster]
 
@@ -40,17 +40,11 @@ def render_chart(release: str, namespace: str) -> list[dict]:
 def test_operator_image_reconciles_a_sample_under_the_chart_identity(cluster, namespace, operator_image,
                                                                       run_container, tmp_path):
     objects = render_chart(f"img-{secrets.token_hex(3)}", namespace)
-    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
-    rbac = [o for o in objects if o["kind"] in RBAC_KINDS]
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     (container_spec,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=chattts-tests", "-f", "-",
-                    input=yaml.safe_dump_all(crds))
-    for crd in crds:
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    rbac = apply_chart_identity(cluster, objects, RBAC_KINDS)
     try:
         token = cluster.kubectl("create", "token", pod["serviceAccountName"], "-n", namespace,
                                 "--duration=1h").stdout.strip()
