@@ -281,6 +281,7 @@ class GpuProfile(str, Enum):
     HAMI = "hami"  # HAMi: nvidia.com/gpu + nvidia.com/gpumem
     WHOLE_GPU = "whole-gpu"  # nvidia.com/gpu: N
     MIG = "mig"  # the smallest configured nvidia.com/mig-<profile> that fits
+    DRA = "dra"  # a ResourceClaimTemplate: one device per rank, GPU memory as consumable capacity
 
 
 class GpuSpec(_SpecModel):
@@ -391,6 +392,26 @@ class ChatTTSDeploymentSpec(_SpecModel):
 # --- status ---------------------------------------------------------------------------
 
 
+class DraDevice(_StatusModel):
+    """One device a claim was allocated, as the claim's allocation status says."""
+
+    claim: str = ""
+    pool: str = Field("", description="The driver's pool (the node, for NVIDIA's driver).")
+    device: str = ""
+    memory_mi_b: int = Field(0, alias="memoryMiB", description="Memory consumed on the device (whole device: its capacity).")
+
+
+class DraAllocation(_StatusModel):
+    """The dra profile's claims: the template, and what is allocated now."""
+
+    resource_claim_template: str = ""
+    device_class: str = ""
+    claims: int = Field(0, description="Claims made from the template (one per pod).")
+    allocated_claims: int = 0
+    allocated_memory_mi_b: int = Field(0, alias="allocatedMemoryMiB", description="Sum over the allocated claims.")
+    devices: list[DraDevice] = Field(default_factory=list)
+
+
 class ResolvedGpu(_StatusModel):
     """What the sharing profile turned the gpu block into."""
 
@@ -400,6 +421,7 @@ class ResolvedGpu(_StatusModel):
         None, alias="nodeMinGpuMemoryMiB", description="Nodes must have GPUs larger than this (GFD label)."
     )
     mig_profile: str | None = None
+    dra: DraAllocation | None = Field(None, description="dra profile: what the scheduler allocated (from the claims).")
 
 
 class MemoryPlan(_StatusModel):

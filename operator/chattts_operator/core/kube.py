@@ -55,6 +55,8 @@ _PATHS: dict[str, tuple[str, str, bool]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
     "ChatTTSDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL, True),
     "GPUSharePolicy": (f"/apis/{GROUP}/{VERSION}", SHARE_POLICY_PLURAL, False),
 }

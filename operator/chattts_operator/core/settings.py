@@ -85,6 +85,13 @@ class OperatorSettings(BaseModel):
     hami_memory_resource: str = Field("nvidia.com/gpumem", description="HAMi's per-GPU memory resource, MiB.")
     mig_resource_prefix: str = Field("nvidia.com/mig-", description="Prefix of MIG resources.")
     mig_profiles: tuple[str, ...] = Field(DEFAULT_MIG_PROFILES, description="MIG profiles the cluster offers.")
+    dra_device_class: str = Field(
+        "gpu.nvidia.com", min_length=1, description="dra profile: the DeviceClass claims request (NVIDIA's driver).")
+    dra_driver: str = Field(
+        "gpu.nvidia.com", min_length=1, description="dra profile: the driver whose attributes selectors read.")
+    dra_consumable_capacity: bool = Field(
+        True, description="dra profile: request GPU memory as consumable capacity (KEP-5075, beta in 1.36); off: "
+        "one whole device per rank, chosen by its memory.")
     node_memory_label: str = Field(
         "nvidia.com/gpu.memory", description="GFD node label: MiB per GPU. Empty: no node affinity on it."
     )

@@ -31,7 +31,7 @@ from chattts_operator.core.labels import (
     selector_labels,
 )
 from chattts_operator.core.settings import OperatorSettings
-from chattts_operator.deployment.gpu import GpuAssignment, node_affinity
+from chattts_operator.deployment.gpu import DraRequest, GpuAssignment, node_affinity
 
 MODEL_MOUNT_PATH = "/models/chattts"
 CONFIG_DIR = CONFIG_PATH.rsplit("/", 1)[0]
@@ -47,6 +47,7 @@ SCRATCH_SIZE = "2Gi"
 # Not under CONFIG_DIR: a mount point inside the read-only ConfigMap volume cannot be made.
 API_KEYS_MOUNT_PATH = "/etc/chattts-api-keys"
 API_KEYS_FILE_MODE = 0o444  # the runtime runs as RUNTIME_USER, not the files' owner
+DRA_POD_CLAIM = "gpu"  # the pod's name for its claim (pod.spec.resourceClaims, container resources.claims)
 
 def deployment_name(name: str) -> str:
     return name
@@ -66,6 +67,11 @@ def pdb_name(name: str) -> str:
 
 def network_policy_name(name: str) -> str:
     return name
+
+
+def resource_claim_template_name(name: str, dra: DraRequest) -> str:
+    """A template's spec cannot change: a new request gets a new name (the pods roll to it)."""
+    return f"{name}-gpu-{stable_hash(dra.claim_spec(), 8)}"
 
 
 @dataclass(frozen=True)
@@ -232,13 +238,17 @@ def build_deployment(
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
 
     limits = {"memory": spec.resources.memory, **gpu.limits}
+    resources: dict[str, Any] = {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory},
+                                 "limits": limits}
+    if gpu.dra is not None:
+        resources["claims"] = [{"name": DRA_POD_CLAIM}]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image or settings.runtime_image,
         "imagePullPolicy": settings.runtime_image_pull_policy,
         "args": ["serve", "--config", CONFIG_PATH],
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": spec.resources.cpu, "memory": spec.resources.memory}, "limits": limits},
+        "resources": resources,
         # Loading weights and capturing CUDA graphs can take minutes: the startup probe allows 15.
         "startupProbe": _probe("/health", period=10, failures=90),
         "livenessProbe": _probe("/health", period=10, failures=3, timeout=5),
@@ -266,6 +276,9 @@ def build_deployment(
         "containers": [container],
         "volumes": volumes,
     }
+    if gpu.dra is not None:
+        pod_spec["resourceClaims"] = [{"name": DRA_POD_CLAIM,
+                                       "resourceClaimTemplateName": resource_claim_template_name(owner.name, gpu.dra)}]
     affinity = node_affinity(gpu, settings)
     if affinity:
         pod_spec["affinity"] = affinity
@@ -300,6 +313,20 @@ def build_deployment(
                 "spec": pod_spec,
             },
         },
+    })
+
+
+# --- ResourceClaimTemplate (dra profile) ---------------------------------------------------
+
+
+def build_resource_claim_template(owner: Owner, dra: DraRequest) -> dict[str, Any]:
+    """One claim per pod, made by Kubernetes from this template; the claims carry the child
+    labels, so the reconciler and the share policy list them with the pods' selector."""
+    return with_intent_hash({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _metadata(owner, resource_claim_template_name(owner.name, dra)),
+        "spec": {"metadata": {"labels": child_labels(owner.name)}, "spec": dra.claim_spec()},
     })
 
 

@@ -31,21 +31,29 @@ from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
 from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_newer
-from chattts_operator.core.labels import MANAGED_SELECTOR
+from chattts_operator.core.labels import MANAGED_SELECTOR, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ListWatch
 from chattts_operator.deployment.children import Owner, network_policy_name
-from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu, node_affinity
+from chattts_operator.deployment.gpu import (
+    GpuAssignmentError,
+    GpuCodec,
+    assign_gpu,
+    dra_allocation_status,
+    node_affinity,
+)
 from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
-from chattts_operator.deployment.spec import InvalidSpec, desired_state, needs_apply, parse_spec
+from chattts_operator.deployment.spec import Desired, InvalidSpec, desired_state, needs_apply, parse_spec
 from chattts_operator.deployment.status import (
     SECRET_FOUND,
     SECRET_MISSING,
     SECRET_UNCHECKED,
     Observed,
     compute_status,
+    rollout_complete,
     status_changed,
     transitions,
+    unschedulable_message,
 )
 
 log = logging.getLogger("chattts_operator")
@@ -68,6 +76,7 @@ class DeploymentController:
         self.kube = kube
         self.settings = settings
         self.nodes = NodeGpuCache(kube, settings.node_memory_label)
+        self.gpu_codec = GpuCodec.from_settings(settings)
         self.bodies: dict[Key, dict[str, Any]] = {}  # last seen object per key (from the watch)
         self.blocked: set[Key] = set()
         self._slots: dict[Key, _Slot] = {}
@@ -268,6 +277,8 @@ class DeploymentController:
                 self._remember_deployment(key, live)
         if desired.network_policy is None and not deployment_only and await self._prune_network_policy(desired.owner):
             applied_any = True
+        if await self._reconcile_claims(desired, previous_status, observed):
+            applied_any = True
         if desired.spec.auth is not None:
             observed.api_keys_secret = await self._api_keys_secret(desired.owner.namespace,
                                                                    desired.spec.auth.secret_name)
@@ -331,6 +342,39 @@ class DeploymentController:
         for event_type, reason, message in plan.events:
             await self._post_event(body, event_type, reason, message)
         return plan
+
+    async def _reconcile_claims(self, desired: Desired, previous_status: dict[str, Any], observed: Observed) -> bool:
+        """dra profile: read the serving pods' claims (what the scheduler allocated) and, while a
+        pod waits, the scheduler's reason, for status; once a rollout is complete, delete the
+        templates of an earlier request (or of a profile left behind). Nothing is read for an
+        object that never used the profile. True when a template was deleted."""
+        gpu = desired.gpu
+        dra_now = gpu is not None and gpu.dra is not None and desired.rollout_allowed
+        if not dra_now and ((previous_status.get("gpu") or {}).get("dra")) is None:
+            return False
+        owner = desired.owner
+        selector = selector_string(owner.name)
+        pruned = False
+        if rollout_complete(observed.live_deployment):
+            current = (desired.resource_claim_template or {}).get("metadata", {}).get("name") if dra_now else None
+            for template in await self.kube.list_namespaced("ResourceClaimTemplate", owner.namespace, selector):
+                refs = template["metadata"].get("ownerReferences") or []
+                if template["metadata"]["name"] != current and any(r.get("uid") == owner.uid for r in refs):
+                    await self.kube.delete("ResourceClaimTemplate", owner.namespace, template["metadata"]["name"])
+                    metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
+                    pruned = True
+        if not dra_now:
+            return pruned
+        assert gpu is not None and gpu.dra is not None and desired.resource_claim_template is not None
+        claims = await self.kube.list_namespaced("ResourceClaim", owner.namespace, selector)
+        # A device handed out whole (no consumable capacity) counts as at least what was asked.
+        observed.dra = dra_allocation_status(desired.resource_claim_template, gpu.dra.device_class, claims,
+                                             self.gpu_codec, gpu.memory_per_gpu_mib)
+        ready = int(((observed.live_deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        if observed.dra["allocatedClaims"] < observed.dra["claims"] or ready < desired.replicas:
+            observed.unschedulable = unschedulable_message(
+                await self.kube.list_namespaced("Pod", owner.namespace, selector))
+        return pruned
 
     async def _prune_network_policy(self, owner: Owner) -> bool:
         """Delete the NetworkPolicy this object made before, now that none is wanted (a read

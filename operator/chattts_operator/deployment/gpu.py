@@ -9,9 +9,17 @@ requests).
 - ``hami``: ``nvidia.com/gpu: count`` and ``nvidia.com/gpumem: memory MiB`` (HAMi's memory is per GPU)
 - ``whole-gpu``: ``nvidia.com/gpu: count``
 - ``mig``: ``nvidia.com/mig-<profile>: count``, the smallest configured profile whose memory fits
+- ``dra``: no extended resource; a ResourceClaimTemplate (``DraRequest.claim_spec``) asks
+  ``count`` devices of the configured DeviceClass, each with at least the memory asked and,
+  with consumable capacity (KEP-5075), a ``memory`` capacity request of exactly that much, so
+  several claims share one GPU; the scheduler allocates them.
 
-In every profile the pods require nodes whose GFD label ``nvidia.com/gpu.memory`` (MiB per
-GPU) is at least the memory asked per GPU.
+In every profile but ``dra`` the pods require nodes whose GFD label ``nvidia.com/gpu.memory``
+(MiB per GPU) is at least the memory asked per GPU; in ``dra`` the device selector says it.
+
+The reverse direction for claims (``GpuCodec.claim_memory_mib``): an allocated claim counts
+what its allocation consumed on each device of the driver (``consumedCapacity.memory``; a
+device handed out whole counts as a whole GPU), a claim not allocated yet what it requests.
 """
 from __future__ import annotations
 
@@ -41,6 +49,51 @@ class GpuAssignmentError(ValueError):
         self.reason = reason
 
 
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DraRequest:
+    """The dra profile's device request for one replica: one device per tensor-parallel rank."""
+
+    device_class: str
+    driver: str
+    count: int
+    memory_mib: int
+    consumable: bool  # a memory capacity request (shared devices) rather than whole devices
+    product: str | None = None
+
+    def selectors(self) -> list[dict[str, Any]]:
+        """CEL over the driver's attributes and capacity (NVIDIA's names: productName, memory)."""
+        device = f"device.capacity[{self.driver!r}]"
+        rules = [f"{device}.memory.compareTo(quantity('{self.memory_mib}Mi')) >= 0"]
+        if self.product:
+            # GFD's product label is NVML's name with dashes for spaces ('NVIDIA-H200'); the
+            # driver publishes NVML's name ('NVIDIA H200'): either spelling matches.
+            name = f"device.attributes[{self.driver!r}].productName"
+            rules.append(f"({name} == {self.product!r} || {name}.replace(' ', '-') == {self.product!r})")
+        return [{"cel": {"expression": rule}} for rule in rules]
+
+    def claim_spec(self) -> dict[str, Any]:
+        """A ResourceClaimSpec (resource.k8s.io/v1)."""
+        exactly: dict[str, Any] = {
+            "deviceClassName": self.device_class,
+            "allocationMode": "ExactCount",
+            "count": self.count,
+            "selectors": self.selectors(),
+        }
+        if self.consumable:
+            exactly["capacity"] = {"requests": {"memory": f"{self.memory_mib}Mi"}}
+        devices: dict[str, Any] = {"requests": [{"name": DRA_REQUEST_NAME, "exactly": exactly}]}
+        if self.count > 1 and self.consumable:
+            # A shareable device could otherwise serve two ranks of one replica.
+            devices["constraints"] = [{"requests": [DRA_REQUEST_NAME], "distinctAttribute": f"{self.driver}/uuid"}]
+        return {"devices": devices}
+
+
+DRA_REQUEST_NAME = "gpu"
+
+
 @dataclass(frozen=True)
 class GpuAssignment:
     profile: GpuProfile
@@ -50,6 +103,7 @@ class GpuAssignment:
     node_min_gpu_memory_mib: int | None  # nodes need a GPU label >= this; None: no affinity
     node_selector: dict[str, str] = field(default_factory=dict)
     mig_profile: str | None = None
+    dra: DraRequest | None = None
 
     @property
     def share(self) -> str:
@@ -110,6 +164,12 @@ def assign_gpu(gpu: GpuSpec, settings: OperatorSettings) -> GpuAssignment:
             )
         limits = {f"{settings.mig_resource_prefix}{mig_profile}": str(count)}
         budget_mib = mig_profile_memory_mib(mig_profile)
+    elif profile is GpuProfile.DRA:
+        dra = DraRequest(device_class=settings.dra_device_class, driver=settings.dra_driver, count=count,
+                         memory_mib=memory_mib, consumable=settings.dra_consumable_capacity, product=gpu.product)
+        # The device selector picks the GPU (product and size): no node label is involved.
+        return GpuAssignment(profile=profile, gpu_count=count, limits={}, memory_per_gpu_mib=memory_mib,
+                             node_min_gpu_memory_mib=None, node_selector=dict(gpu.node_selector or {}), dra=dra)
     else:  # pragma: no cover - the enum is closed
         raise GpuAssignmentError("UnknownProfile", f"unknown GPU sharing profile {profile}")
 
@@ -160,6 +220,7 @@ class GpuCodec:
     hami_memory_resource: str
     mig_resource_prefix: str
     node_memory_label: str
+    dra_driver: str = "gpu.nvidia.com"
 
     @classmethod
     def from_settings(cls, settings: OperatorSettings) -> "GpuCodec":
@@ -170,6 +231,7 @@ class GpuCodec:
             mig_resource_prefix=settings.mig_resource_prefix,
             # Counting needs the per-GPU size even where affinity on it is off.
             node_memory_label=settings.node_memory_label or GFD_MEMORY_LABEL,
+            dra_driver=settings.dra_driver,
         )
 
     def mig_memory_mib(self, resources: Mapping[str, Any]) -> int:
@@ -231,6 +293,94 @@ class GpuCodec:
         init = max((self.container_memory_mib(c.get("resources"), per_gpu_mib)
                     for c in pod_spec.get("initContainers") or []), default=0)
         return max(main, init)
+
+    # --- Dynamic Resource Allocation: claims -> MiB ------------------------------------------
+
+    def claim_spec_memory_mib(self, claim_spec: Mapping[str, Any] | None, per_gpu_mib: int) -> int:
+        """MiB a ResourceClaimSpec requests: per device its memory capacity request, or a
+        whole GPU; times the count (devices of other drivers' classes count too: the class
+        name does not say the driver, and a request without memory is a whole device)."""
+        total = 0
+        for request in ((claim_spec or {}).get("devices") or {}).get("requests") or []:
+            exactly = request.get("exactly") or {}
+            if not exactly:
+                continue  # firstAvailable: a choice not made yet; counted once allocated
+            memory = ((exactly.get("capacity") or {}).get("requests") or {}).get("memory")
+            per_device = _bytes_mib(memory) if memory is not None else per_gpu_mib
+            total += per_device * int(exactly.get("count", 1) or 1)
+        return total
+
+    def allocated_devices(self, claim: Mapping[str, Any], per_gpu_mib: int) -> list[tuple[str, str, int]]:
+        """(pool, device, MiB) for each device of the driver the claim's allocation holds:
+        the memory consumed on a shared device, a whole GPU otherwise."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        found = []
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != self.dra_driver:
+                continue
+            consumed = (result.get("consumedCapacity") or {}).get("memory")
+            mib = _bytes_mib(consumed) if consumed is not None else per_gpu_mib
+            found.append((str(result.get("pool", "")), str(result.get("device", "")), mib))
+        return found
+
+    def claim_memory_mib(self, claim: Mapping[str, Any], per_gpu_mib: int) -> int:
+        """MiB a ResourceClaim holds (allocated) or asks (not allocated yet)."""
+        if (claim.get("status") or {}).get("allocation"):
+            return sum(mib for _, _, mib in self.allocated_devices(claim, per_gpu_mib))
+        return self.claim_spec_memory_mib(claim.get("spec"), per_gpu_mib)
+
+    def pod_claims_memory_mib(self, pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
+                              templates: Mapping[str, Mapping[str, Any]], per_gpu_mib: int,
+                              counted: set[str] | None = None) -> int:
+        """MiB a pod's ResourceClaims hold or ask: its generated or named claims (by name in
+        ``claims``), a template's request when the claim is not made yet. ``counted``: claim
+        names already counted (a claim shared by several pods counts once)."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+        counted = set() if counted is None else counted
+        mib = 0
+        for ref in spec.get("resourceClaims") or []:
+            name = ref.get("resourceClaimName") or generated.get(ref.get("name"))
+            if name in claims:
+                if name not in counted:
+                    counted.add(name)
+                    mib += self.claim_memory_mib(claims[name], per_gpu_mib)
+            elif ref.get("resourceClaimTemplateName") in templates:
+                template = templates[ref["resourceClaimTemplateName"]]
+                mib += self.claim_spec_memory_mib((template.get("spec") or {}).get("spec"), per_gpu_mib)
+        return mib
+
+    def pod_template_claims_memory_mib(self, pod_spec: Mapping[str, Any] | None,
+                                       templates: Mapping[str, Mapping[str, Any]], per_gpu_mib: int) -> int:
+        """MiB a pod made from this spec will ask through its claim templates (a Job's pods
+        before they exist)."""
+        return self.pod_claims_memory_mib({"spec": pod_spec or {}}, {}, templates, per_gpu_mib)
+
+
+def dra_allocation_status(template: Mapping[str, Any], device_class: str, claims: list[Mapping[str, Any]],
+                          codec: GpuCodec, whole_device_mib: int) -> dict[str, Any]:
+    """status.gpu.dra: the serving pods' claims (a rollout's old pods' included: they hold
+    memory too) and the devices their allocations hold."""
+    devices, allocated = [], 0
+    for claim in sorted(claims, key=lambda c: c["metadata"]["name"]):
+        held = codec.allocated_devices(claim, whole_device_mib)
+        if (claim.get("status") or {}).get("allocation"):
+            allocated += 1
+        devices += [{"claim": claim["metadata"]["name"], "pool": pool, "device": device, "memoryMiB": mib}
+                    for pool, device, mib in held]
+    return {
+        "resourceClaimTemplate": template["metadata"]["name"],
+        "deviceClass": device_class,
+        "claims": len(claims),
+        "allocatedClaims": allocated,
+        "allocatedMemoryMiB": sum(d["memoryMiB"] for d in devices),
+        "devices": devices,
+    }
+
+
+def _bytes_mib(quantity: Any) -> int:
+    """A capacity quantity (bytes: '8Gi', '8589934592') in MiB, rounded up."""
+    return int(math.ceil(parse_live_quantity(quantity) / _MIB))
 
 
 DEFAULT_GPU_CODEC = GpuCodec.from_settings(OperatorSettings())

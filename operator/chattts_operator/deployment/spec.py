@@ -23,6 +23,7 @@ from chattts_operator.deployment.children import (
     build_deployment,
     build_network_policy,
     build_pdb,
+    build_resource_claim_template,
     build_service,
     config_hash,
 )
@@ -106,6 +107,7 @@ class Desired:
     pdb: dict[str, Any]
     config_hash: str
     network_policy: dict[str, Any] | None = None  # None: none wanted (one left from before is deleted)
+    resource_claim_template: dict[str, Any] | None = None  # the dra profile's; stale ones are deleted
 
     @property
     def rollout_allowed(self) -> bool:
@@ -118,6 +120,8 @@ class Desired:
         out = []
         if self.rollout_allowed:
             out.append(self.configmap)
+            if self.resource_claim_template is not None:
+                out.append(self.resource_claim_template)  # before the pods that reference it
             assert self.deployment is not None
             out.append(self.deployment)
         out += [self.service, self.pdb]
@@ -190,6 +194,8 @@ def desired_state(
         pdb=build_pdb(owner),
         config_hash=chash,
         network_policy=build_network_policy(owner, spec),
+        resource_claim_template=(build_resource_claim_template(owner, gpu.dra)
+                                 if gpu is not None and gpu.dra is not None else None),
     )
 
 

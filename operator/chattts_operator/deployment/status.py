@@ -9,12 +9,12 @@ from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.core.labels import selector_string
 from chattts_operator.deployment.spec import Desired
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated")
 # Observed.api_keys_secret: what the reconciler found of spec.auth's Secret.
 SECRET_FOUND, SECRET_MISSING, SECRET_UNCHECKED = "found", "missing", "unchecked"
 # Conditions whose True is bad news: their transitions to True are Warning events.
 _ABNORMAL_TRUE = {"Degraded"}
-_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated"}
 
 
 @dataclass
@@ -25,6 +25,39 @@ class Observed:
     deployment_applied: bool = False  # the desired Deployment is now what the cluster has
     apply_error: str | None = None
     api_keys_secret: str | None = None  # SECRET_*; None: spec.auth is unset
+    dra: dict[str, Any] | None = None  # dra profile: status.gpu.dra (gpu.dra_allocation_status)
+    unschedulable: str | None = None  # dra profile: the scheduler's word on a serving pod that waits
+
+
+def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
+    """The scheduler's reason for the first serving pod it could not place (PodScheduled=False)."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return f"pod {pod['metadata']['name']} {cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}"
+    return None
+
+
+def rollout_complete(dep: dict[str, Any] | None) -> bool:
+    return dep is not None and _rollout(dep)[0]
+
+
+def _gpu_allocated_condition(observed: Observed, gen: int) -> dict[str, Any] | None:
+    """GPUAllocated (dra profile): whether the scheduler allocated every serving pod's claim,
+    with its reason when it could not."""
+    dra = observed.dra
+    if dra is None:
+        return None
+    if observed.unschedulable:
+        return condition("GPUAllocated", False, "Unschedulable", observed.unschedulable[:1024], generation=gen)
+    if dra["allocatedClaims"] < dra["claims"]:
+        return condition("GPUAllocated", False, "Pending",
+                         f"{dra['allocatedClaims']}/{dra['claims']} claims allocated", generation=gen)
+    return condition("GPUAllocated", True, "Allocated",
+                     f"{dra['allocatedClaims']} claims allocated, {dra['allocatedMemoryMiB']} MiB on "
+                     f"{len(dra['devices'])} devices", generation=gen)
 
 
 def transitions(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -45,7 +78,7 @@ def transitions(previous: list[dict[str, Any]], current: list[dict[str, Any]]) -
 
 
 # Ready=False for these reasons is expected, not a warning.
-_QUIET_REASONS = {"ScaledToZero", "ReplicasNotReady", "Creating"}
+_QUIET_REASONS = {"ScaledToZero", "ReplicasNotReady", "Creating", "Pending"}
 
 
 def _deployment_numbers(dep: dict[str, Any] | None) -> dict[str, int]:
@@ -146,6 +179,9 @@ def compute_status(
     api_keys = _api_keys_condition(desired, observed, gen)
     if api_keys is not None:
         conditions.append(api_keys)
+    allocated = _gpu_allocated_condition(observed, gen)
+    if allocated is not None:
+        conditions.append(allocated)
 
     # Degraded
     failure = _deployment_failure(dep) if dep is not None else None
@@ -194,6 +230,7 @@ def compute_status(
         "limits": dict(gpu.limits),
         "nodeMinGpuMemoryMiB": gpu.node_min_gpu_memory_mib,
         "migProfile": gpu.mig_profile,
+        "dra": observed.dra,
     } if gpu else None
     gpu_share = gpu.share if gpu else ""
     if blocked and dep is not None and previous.get("gpuShare"):
