@@ -48,6 +48,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import draslices  # noqa: E402
 import gpunodes  # noqa: E402  (sibling module; works without installing anything)
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -55,7 +56,9 @@ BINARIES = COMPONENTS + ("helm",)
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/16"
-FEATURE_GATES = "ImageVolume=true"
+# DRAConsumableCapacity (KEP-5075) is beta and on by default in 1.36: named so the simulated
+# shared GPUs (draslices.py) keep working where the default differs.
+FEATURE_GATES = "ImageVolume=true,DRAConsumableCapacity=true"
 KWOK_STAGES = ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-ready.yaml",
                "pod-complete.yaml", "pod-delete.yaml")
 
@@ -653,6 +656,7 @@ class LocalCluster(ClusterHandle):
         with self._locked():
             if self.is_running():
                 self._apply_nodes(node_specs)
+                draslices.apply(self.api, draslices.manifests(node_specs))
                 return self
             self._stop_all()
             shutil.rmtree(self.etcd_data, ignore_errors=True)
@@ -674,6 +678,7 @@ class LocalCluster(ClusterHandle):
                 for component in ("kube-controller-manager", "kube-scheduler", "kwok"):
                     self._wait_healthy(component, max(10.0, deadline - time.monotonic()))
                 self._apply_nodes(node_specs)
+                draslices.apply(self.api, draslices.manifests(node_specs))
                 self._wait_nodes_ready([s.name for s in node_specs], max(10.0, deadline - time.monotonic()))
                 self._wait_for(lambda: self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
                                "the default ServiceAccount", max(10.0, deadline - time.monotonic()))

@@ -350,12 +350,6 @@ class GpuCodec:
                 mib += self.claim_spec_memory_mib((template.get("spec") or {}).get("spec"), per_gpu_mib)
         return mib
 
-    def pod_template_claims_memory_mib(self, pod_spec: Mapping[str, Any] | None,
-                                       templates: Mapping[str, Mapping[str, Any]], per_gpu_mib: int) -> int:
-        """MiB a pod made from this spec will ask through its claim templates (a Job's pods
-        before they exist)."""
-        return self.pod_claims_memory_mib({"spec": pod_spec or {}}, {}, templates, per_gpu_mib)
-
 
 def dra_allocation_status(template: Mapping[str, Any], device_class: str, claims: list[Mapping[str, Any]],
                           codec: GpuCodec, whole_device_mib: int) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import deployment_name
 from chattts_operator.deployment.gpu import GpuCodec
 from chattts_operator.sharepolicy.observe import (
+    Claims,
     MemberError,
     largest_gpu_mib,
     offline_member,
@@ -192,19 +193,22 @@ class SharePolicyController:
 
         online, offline = [], []
         bodies: dict[tuple[str, str, str], dict[str, Any]] = {}
+        claims_in: dict[str, Claims] = {}
         for ctd in ctds:
             meta = ctd["metadata"]
             pods = await self.kube.list("Pod", meta["namespace"], serving_pod_selector(meta["name"]))
             deployment = await self.kube.get("Deployment", meta["namespace"], deployment_name(meta["name"]))
+            claims = await self._claims(claims_in, meta["namespace"], pods)
             try:
-                online.append(online_member(ctd, pods, per_gpu, deployment, self.gpu))
+                online.append(online_member(ctd, pods, per_gpu, deployment, self.gpu, claims))
                 bodies[(ONLINE_KIND, meta["namespace"], meta["name"])] = ctd
             except MemberError as err:
                 problems.append(str(err))
         for job in jobs:
             meta = job["metadata"]
             pods = await self.kube.list("Pod", meta["namespace"], f"batch.kubernetes.io/controller-uid={meta['uid']}")
-            offline.append(offline_member(job, pods, per_gpu, self.gpu))
+            claims = await self._claims(claims_in, meta["namespace"], [*pods, job.get("spec", {}).get("template") or {}])
+            offline.append(offline_member(job, pods, per_gpu, self.gpu, claims))
             bodies[(OFFLINE_KIND, meta["namespace"], meta["name"])] = job
 
         the_plan = plan(spec, online, offline, pool_nodes(nodes, self.gpu), now)
@@ -242,6 +246,26 @@ class SharePolicyController:
             until = (the_plan.next_change - now).total_seconds()
             return max(self.pacing.min_interval_seconds, min(self.pacing.resync_seconds, until))
         return self.pacing.resync_seconds
+
+    async def _claims(self, cache: dict[str, Claims], namespace: str, pods: list[dict[str, Any]]) -> Claims:
+        """The namespace's claims and claim templates, read once a pass and only where a
+        member's pod (or pod template) uses Dynamic Resource Allocation."""
+        if namespace in cache:
+            return cache[namespace]
+        if not any((p.get("spec") or {}).get("resourceClaims") for p in pods):
+            return Claims()
+        try:
+            found = Claims.of(await self.kube.list("ResourceClaim", namespace),
+                              await self.kube.list("ResourceClaimTemplate", namespace))
+        except ApiException as err:
+            if err.status not in (403, 404):
+                raise
+            # No DRA API, or no RBAC for it: claims count what their templates ask, else nothing.
+            log.warning("cannot list ResourceClaims in %s (%s): DRA members are counted by spec", namespace,
+                        err.status)
+            found = Claims()
+        cache[namespace] = found
+        return found
 
     async def _write_invalid(self, policy: dict[str, Any], previous: dict[str, Any], message: str, now: Any,
                              generation: int | None, reason: str = "InvalidSpec") -> None:

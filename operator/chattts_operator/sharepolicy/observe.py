@@ -4,6 +4,7 @@ Pure: the controller lists nodes, members and their pods, and passes them here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from chattts_operator.api.sharepolicy import OFFLINE_PRIORITY_ANNOTATION, REPLICA_CAP_ANNOTATION, LabelSelector
@@ -50,12 +51,37 @@ def _int_annotation(obj: Mapping[str, Any], key: str) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Claims:
+    """A namespace's ResourceClaims and ResourceClaimTemplates by name (dra members)."""
+
+    claims: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, claims: Iterable[Mapping[str, Any]], templates: Iterable[Mapping[str, Any]]) -> "Claims":
+        return cls({c["metadata"]["name"]: c for c in claims}, {t["metadata"]["name"]: t for t in templates})
+
+
+NO_CLAIMS = Claims()
+
+
+def pod_memory_mib(pod: Mapping[str, Any], per_gpu_mib: int, codec: GpuCodec, claims: Claims,
+                   counted: set[str]) -> int:
+    """MiB one pod holds or asks, counted once whatever the profile: its containers' extended
+    resources plus its ResourceClaims (allocated: what the allocation consumed; not yet: what
+    they request). A claim shared by pods counts for the first (``counted``)."""
+    return (codec.pod_spec_memory_mib(pod.get("spec"), per_gpu_mib)
+            + codec.pod_claims_memory_mib(pod, claims.claims, claims.templates, per_gpu_mib, counted))
+
+
 def online_member(
     ctd: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     per_gpu_mib: int,
     deployment: Mapping[str, Any] | None = None,
     codec: GpuCodec = DEFAULT_GPU_CODEC,
+    claims: Claims = NO_CLAIMS,
 ) -> OnlineMember:
     """A ChatTTSDeployment as an online member.
 
@@ -65,6 +91,8 @@ def online_member(
 
     MiB per replica: the GPU resources the operator resolved for its pods
     (``status.gpu.limits``) when known, else ``spec.gpu.memory x spec.gpu.count``.
+    A pod that holds more (a rollout between profiles, the dra profile's allocated claims,
+    each pod counted once by what it asked) raises MiB per replica to what it holds.
     Replicas wanted: ``spec.autoscaling.maxReplicas`` when autoscaling is on (the cap
     clamps the autoscaler), else ``spec.replicas``."""
     meta = ctd["metadata"]
@@ -80,6 +108,10 @@ def online_member(
                 f"ChatTTSDeployment {meta['namespace']}/{meta['name']}: spec.gpu.memory {gpu.get('memory')!r} "
                 "is not a quantity"
             ) from None
+    counted: set[str] = set()
+    held = [pod_memory_mib(p, per_gpu_mib, codec, claims, counted) for p in pods
+            if (p.get("status") or {}).get("phase") not in _FINISHED_PHASES]
+    per_replica = max([per_replica, *held])
     autoscaling = spec.get("autoscaling") or {}
     if autoscaling.get("enabled"):
         wanted = int(autoscaling.get("maxReplicas", spec.get("replicas", 1)))
@@ -111,13 +143,18 @@ def job_finished(job: Mapping[str, Any]) -> bool:
 
 
 def offline_member(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], per_gpu_mib: int,
-                   codec: GpuCodec = DEFAULT_GPU_CODEC) -> OfflineMember:
-    """A batch/v1 Job as an offline member: its pod template's GPU memory x the pods it
-    runs at once (parallelism, no more than the completions still to go)."""
+                   codec: GpuCodec = DEFAULT_GPU_CODEC, claims: Claims = NO_CLAIMS) -> OfflineMember:
+    """A batch/v1 Job as an offline member: its pod template's GPU memory (extended resources
+    and claim templates) x the pods it runs at once (parallelism, no more than the
+    completions still to go); a pod whose claims hold more raises it."""
     meta = job["metadata"]
     spec = job.get("spec") or {}
     status = job.get("status") or {}
-    per_pod = codec.pod_spec_memory_mib((spec.get("template") or {}).get("spec"), per_gpu_mib)
+    per_pod = pod_memory_mib({"spec": (spec.get("template") or {}).get("spec") or {}}, per_gpu_mib, codec, claims,
+                             set())
+    counted: set[str] = set()
+    per_pod = max([per_pod, *(pod_memory_mib(p, per_gpu_mib, codec, claims, counted) for p in pods
+                              if (p.get("status") or {}).get("phase") not in _FINISHED_PHASES)])
     parallelism = int(spec.get("parallelism", 1))
     completions = spec.get("completions")
     if completions is not None:
