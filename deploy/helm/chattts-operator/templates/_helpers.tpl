@@ -120,6 +120,12 @@ its own fields are set here. */}}
 - name: CHATTTS_OPERATOR_MIG_PROFILES
   value: {{ join "," . | quote }}
 {{- end }}
+- name: CHATTTS_OPERATOR_DRA_DEVICE_CLASS
+  value: {{ .Values.gpu.dra.deviceClass | quote }}
+- name: CHATTTS_OPERATOR_DRA_DRIVER
+  value: {{ .Values.gpu.dra.driver | quote }}
+- name: CHATTTS_OPERATOR_DRA_CONSUMABLE_CAPACITY
+  value: {{ .Values.gpu.dra.consumableCapacity | quote }}
 - name: CHATTTS_OPERATOR_NODE_MEMORY_LABEL
   value: {{ .Values.gpu.nodeMemoryLabel | quote }}
 - name: CHATTTS_OPERATOR_NODE_PRODUCT_LABEL

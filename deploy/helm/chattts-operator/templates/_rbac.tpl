@@ -83,7 +83,18 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
-# autoscaling/controller.py (Ready pods to scrape) and sharepolicy/controller.py (members' pods).
+# deployment/controller.py, dra profile: the ResourceClaimTemplate child, server-side applied,
+# listed and deleted once a rollout no longer uses it (a template's spec cannot change).
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# deployment/controller.py (status: what was allocated) and sharepolicy/controller.py (members'
+# allocated memory) read the claims Kubernetes makes from the templates; never write them.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["list"]
+# autoscaling/controller.py (Ready pods to scrape), sharepolicy/controller.py (members' pods) and
+# deployment/controller.py (dra profile: the scheduler's reason for a pod that waits).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
