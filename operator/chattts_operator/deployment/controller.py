@@ -346,32 +346,35 @@ class DeploymentController:
     async def _reconcile_claims(self, desired: Desired, previous_status: dict[str, Any], observed: Observed) -> bool:
         """dra profile: read the serving pods' claims (what the scheduler allocated) and, while a
         pod waits, the scheduler's reason, for status; once a rollout is complete, delete the
-        templates of an earlier request (or of a profile left behind). Nothing is read for an
-        object that never used the profile. True when a template was deleted."""
+        templates of an earlier request (or of a profile left behind: until then its claims
+        stay in status). Nothing is read for an object that never used the profile. True when
+        a template was deleted."""
         gpu = desired.gpu
         dra_now = gpu is not None and gpu.dra is not None and desired.rollout_allowed
         if not dra_now and ((previous_status.get("gpu") or {}).get("dra")) is None:
             return False
         owner = desired.owner
         selector = selector_string(owner.name)
-        pruned = False
-        if rollout_complete(observed.live_deployment):
-            current = (desired.resource_claim_template or {}).get("metadata", {}).get("name") if dra_now else None
-            for template in await self.kube.list_namespaced("ResourceClaimTemplate", owner.namespace, selector):
-                refs = template["metadata"].get("ownerReferences") or []
-                if template["metadata"]["name"] != current and any(r.get("uid") == owner.uid for r in refs):
-                    await self.kube.delete("ResourceClaimTemplate", owner.namespace, template["metadata"]["name"])
-                    metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
-                    pruned = True
-        if not dra_now:
-            return pruned
-        assert gpu is not None and gpu.dra is not None and desired.resource_claim_template is not None
+        current = (desired.resource_claim_template or {}).get("metadata", {}).get("name", "") if dra_now else ""
+        pruned, stale_left = False, False
+        for template in await self.kube.list_namespaced("ResourceClaimTemplate", owner.namespace, selector):
+            name = template["metadata"]["name"]
+            if name == current or not any(r.get("uid") == owner.uid for r in template["metadata"].get("ownerReferences") or []):
+                continue
+            if not rollout_complete(observed.live_deployment):
+                stale_left = True  # old pods' ReplicaSet may still need it
+                continue
+            await self.kube.delete("ResourceClaimTemplate", owner.namespace, name)
+            metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
+            pruned = True
         claims = await self.kube.list_namespaced("ResourceClaim", owner.namespace, selector)
+        if not (dra_now or claims or stale_left):
+            return pruned
         # A device handed out whole (no consumable capacity) counts as at least what was asked.
-        observed.dra = dra_allocation_status(desired.resource_claim_template, gpu.dra.device_class, claims,
-                                             self.gpu_codec, gpu.memory_per_gpu_mib)
+        observed.dra = dra_allocation_status(current, gpu.dra.device_class if dra_now else self.settings.dra_device_class,
+                                             claims, self.gpu_codec, gpu.memory_per_gpu_mib if gpu else 0)
         ready = int(((observed.live_deployment or {}).get("status") or {}).get("readyReplicas") or 0)
-        if observed.dra["allocatedClaims"] < observed.dra["claims"] or ready < desired.replicas:
+        if dra_now and (observed.dra["allocatedClaims"] < observed.dra["claims"] or ready < desired.replicas):
             observed.unschedulable = unschedulable_message(
                 await self.kube.list_namespaced("Pod", owner.namespace, selector))
         return pruned

@@ -351,10 +351,11 @@ class GpuCodec:
         return mib
 
 
-def dra_allocation_status(template: Mapping[str, Any], device_class: str, claims: list[Mapping[str, Any]],
+def dra_allocation_status(template_name: str, device_class: str, claims: list[Mapping[str, Any]],
                           codec: GpuCodec, whole_device_mib: int) -> dict[str, Any]:
     """status.gpu.dra: the serving pods' claims (a rollout's old pods' included: they hold
-    memory too) and the devices their allocations hold."""
+    memory too) and the devices their allocations hold. ``template_name`` is the template in
+    use ('' while leaving the profile)."""
     devices, allocated = [], 0
     for claim in sorted(claims, key=lambda c: c["metadata"]["name"]):
         held = codec.allocated_devices(claim, whole_device_mib)
@@ -363,7 +364,7 @@ def dra_allocation_status(template: Mapping[str, Any], device_class: str, claims
         devices += [{"claim": claim["metadata"]["name"], "pool": pool, "device": device, "memoryMiB": mib}
                     for pool, device, mib in held]
     return {
-        "resourceClaimTemplate": template["metadata"]["name"],
+        "resourceClaimTemplate": template_name,
         "deviceClass": device_class,
         "claims": len(claims),
         "allocatedClaims": allocated,

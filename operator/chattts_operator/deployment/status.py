@@ -44,11 +44,11 @@ def rollout_complete(dep: dict[str, Any] | None) -> bool:
     return dep is not None and _rollout(dep)[0]
 
 
-def _gpu_allocated_condition(observed: Observed, gen: int) -> dict[str, Any] | None:
+def _gpu_allocated_condition(desired: Desired, observed: Observed, gen: int) -> dict[str, Any] | None:
     """GPUAllocated (dra profile): whether the scheduler allocated every serving pod's claim,
     with its reason when it could not."""
     dra = observed.dra
-    if dra is None:
+    if dra is None or desired.gpu is None or desired.gpu.dra is None:
         return None
     if observed.unschedulable:
         return condition("GPUAllocated", False, "Unschedulable", observed.unschedulable[:1024], generation=gen)
@@ -179,7 +179,7 @@ def compute_status(
     api_keys = _api_keys_condition(desired, observed, gen)
     if api_keys is not None:
         conditions.append(api_keys)
-    allocated = _gpu_allocated_condition(observed, gen)
+    allocated = _gpu_allocated_condition(desired, observed, gen)
     if allocated is not None:
         conditions.append(allocated)
 
