@@ -20,17 +20,12 @@ import pytest
 
 import draslices
 from chattts_operator.api.common import parse_live_quantity
-from tests.cluster.test_rebalancing import (  # noqa: F401 - fixtures used by name
-    GpuPool,
-    apply,
-    expect,
-    gpu_pool,
-    kjson,
-    manual_clock,
-    operator,
-    policy,
-)
+from tests.cluster import test_rebalancing as rebalancing
+from tests.cluster.test_rebalancing import GpuPool, apply, expect, kjson, policy
 from tests.support import wait_until
+
+# test_rebalancing's fixtures: the in-process operator, its manual clock, the private GPU pool.
+operator, manual_clock, gpu_pool = rebalancing.operator, rebalancing.manual_clock, rebalancing.gpu_pool
 
 MIB = 2**20
 SHARE_LABEL = "tts.chattts.io/share-policy"
