@@ -91,7 +91,7 @@ def test_deployment_is_single_recreate_restricted_with_liveness(helm: Helm):
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
-@pytest.mark.parametrize("profile", ["gpu-memory", "hami", "whole-gpu", "mig"])
+@pytest.mark.parametrize("profile", ["gpu-memory", "hami", "whole-gpu", "mig", "dra"])
 def test_env_is_exactly_what_the_operator_settings_accept(helm: Helm, profile):
     """Every CHATTTS_OPERATOR_* variable the chart sets is a setting, and the operator accepts the values."""
     values = {"gpu": {"sharingProfile": profile, "migProfiles": ["1g.18gb", "3g.71gb"]},
@@ -182,6 +182,11 @@ def test_network_policies_and_secrets_get_exactly_the_verbs_they_need(helm: Helm
     assert _verbs(objects, "", "secrets") == []
     checked = helm.render({**(values or {}), "rbac": {"apiKeySecretCheck": True}})
     assert _verbs(checked, "", "secrets") == [["get"]]
+    # The dra profile: its claim template child (read, applied, listed and deleted when stale);
+    # the claims Kubernetes makes from it are only listed, never written.
+    assert _verbs(objects, "resource.k8s.io", "resourceclaimtemplates") == [["create", "delete", "get", "list", "patch"]]
+    assert _verbs(objects, "resource.k8s.io", "resourceclaims") == [["list"]]
+    assert _verbs(objects, "resource.k8s.io", "resourceslices") == []
 
 
 def test_crds_are_the_generated_ones_kept_on_uninstall(helm: Helm):

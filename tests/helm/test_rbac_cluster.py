@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import draslices
 import pytest
 import yaml
 
@@ -316,6 +317,47 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
                                    f"involvedObject.name={policy}")["items"], "an Event about the policy")
             cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
     finally:
+        if cluster.kubectl("get", "gsp", policy, check=False).returncode == 0:
+            cluster.kubectl("patch", "gsp", policy, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
+            cluster.kubectl("delete", "gsp", policy, "--ignore-not-found", check=False)
+    refused = _refusals(caplog, identity.namespace)
+    assert not refused, "the operator was refused:\n" + "\n".join(refused)
+
+
+def test_dra_profile_runs_under_the_chart_identity(cluster, identity, weights, private_pool, monkeypatch, caplog):
+    """The dra profile's calls: the claim template applied, the claims read for status and by
+    a share policy pass, the template deleted when the profile is left."""
+    ns = identity.namespace
+    (node,) = _get(cluster, "nodes", "-l", ",".join(f"{k}={v}" for k, v in private_pool.items()))["items"]
+    gpu = draslices.SimulatedGpu(name="gpu-0", uuid=f"GPU-{node['metadata']['name']}", product="NVIDIA TEST",
+                                 architecture="Hopper", compute="9.0.0", memory_mib=POOL_NODE_MIB)
+    slice_ = draslices.resource_slice(node["metadata"]["name"], [gpu])
+    draslices.apply(cluster.api, [draslices.device_class(), slice_])
+    policy = f"rbac-{secrets.token_hex(3)}"
+    member = _ctd("dra", 128, 64, labels={"tts.chattts.io/share-policy": policy})
+    del member["spec"]["quantization"], member["spec"]["autoscaling"]
+    member["spec"]["gpu"] = {"memory": "16Gi", "profile": "dra", "nodeSelector": private_pool}
+    member["spec"]["tolerations"] = [{"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+    caplog.set_level(logging.INFO)
+    try:
+        with operator_running_as(identity, monkeypatch):
+            cluster.kubectl("apply", "-f", "-", input=json.dumps({
+                "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
+                "spec": {"nodeSelector": {"matchLabels": private_pool},
+                         "windows": [{"name": "all-day", "start": "00:00", "end": "24:00",
+                                      "online": 50, "offline": 50}]}}))
+            cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(member))
+            _wait_for(lambda: ((_status(cluster, ns, "dra").get("gpu") or {}).get("dra") or {}).get(
+                "allocatedMemoryMiB") == 16384, "the claim allocated, in status")
+            _wait_for(lambda: ((_get(cluster, "gsp", policy).get("status") or {}).get("used") or {}).get(
+                "totalMiB") == 16384, "the policy counting the claim")
+            cluster.kubectl("patch", "ctd", "dra", "-n", ns, "--type=merge", "-p",
+                            '{"spec": {"gpu": {"profile": "gpu-memory"}}}')
+            _wait_for(lambda: not _get(cluster, "resourceclaimtemplates", "-n", ns)["items"],
+                      "the claim template deleted once the profile is left")
+            cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
+    finally:
+        cluster.kubectl("delete", "resourceslice", slice_["metadata"]["name"], "--ignore-not-found", check=False)
         if cluster.kubectl("get", "gsp", policy, check=False).returncode == 0:
             cluster.kubectl("patch", "gsp", policy, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
             cluster.kubectl("delete", "gsp", policy, "--ignore-not-found", check=False)
