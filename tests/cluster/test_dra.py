@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 import draslices
+import gpunodes
 from chattts_operator.api.common import parse_live_quantity
 from tests.cluster import test_rebalancing as rebalancing
 from tests.cluster.test_rebalancing import GpuPool, apply, expect, kjson, policy
@@ -110,6 +111,39 @@ def serving_pods(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
 
 
 # --- the tests -------------------------------------------------------------------------------------
+
+
+def test_the_simulated_slices_are_what_nvidias_driver_publishes_for_the_nodes_file():
+    specs = gpunodes.load_nodes()
+    objects = draslices.manifests(specs)
+    assert objects[0]["kind"] == "DeviceClass" and objects[0]["metadata"]["name"] == "gpu.nvidia.com"
+    slices = {o["spec"]["nodeName"]: o for o in objects[1:]}
+    assert set(slices) == {s.name for s in specs if not s.flavour.mig_strategy}  # MIG nodes: no slice
+    h200 = slices["gpu-h200-0"]["spec"]
+    assert h200["driver"] == "gpu.nvidia.com" and h200["pool"] == {"name": "gpu-h200-0", "generation": 1,
+                                                                   "resourceSliceCount": 1}
+    first = h200["devices"][0]
+    assert [d["name"] for d in h200["devices"]] == [f"gpu-{i}" for i in range(8)]
+    assert first["attributes"]["productName"] == {"string": "NVIDIA H200"}
+    assert first["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert {"type", "uuid", "brand", "architecture", "driverVersion", "cudaDriverVersion"} <= set(first["attributes"])
+    assert first["capacity"]["memory"]["value"] == "143771Mi" and first["allowMultipleAllocations"] is True
+    assert first["capacity"]["memory"]["requestPolicy"]["validRange"] == {"min": "1Mi", "max": "143771Mi",
+                                                                          "step": "1Mi"}
+    assert len({d["attributes"]["uuid"]["string"] for o in objects[1:] for d in o["spec"]["devices"]}) == 32
+    assert draslices.nvml_product("NVIDIA-A100-SXM4-80GB") == "NVIDIA A100-SXM4-80GB"
+
+
+def test_the_local_cluster_serves_the_simulated_gpus(cluster):
+    """localcluster.py published them at start; the API server accepted every field."""
+    live = {s["spec"]["nodeName"]: s for s in kjson(cluster, "get", "resourceslices")["items"]
+            if s["spec"]["driver"] == "gpu.nvidia.com" and s["metadata"]["name"].startswith("gpu-")}
+    for want in draslices.manifests(gpunodes.load_nodes())[1:]:
+        have = live[want["spec"]["nodeName"]]["spec"]
+        assert [d["name"] for d in have["devices"]] == [d["name"] for d in want["spec"]["devices"]]
+        assert all(d.get("allowMultipleAllocations") for d in have["devices"]), "consumable capacity dropped"
+        assert all("requestPolicy" in d["capacity"]["memory"] for d in have["devices"])
+    assert kjson(cluster, "get", "deviceclass", "gpu.nvidia.com")["spec"]["selectors"]
 
 
 def test_two_deployments_share_one_gpu_and_the_third_waits_with_the_schedulers_reason(
