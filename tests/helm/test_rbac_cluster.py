@@ -282,6 +282,20 @@ def test_operator_reconciles_a_full_lifecycle_under_the_chart_identity(cluster, 
     assert not refused, "the operator was refused:\n" + "\n".join(refused)
 
 
+def _apply_all_day_policy(cluster, name: str, pool: dict[str, str]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": pool},
+                 "windows": [{"name": "all-day", "start": "00:00", "end": "24:00", "online": 50, "offline": 50}]}}))
+
+
+def _force_delete_policy(cluster, name: str) -> None:
+    """A policy the test could not delete cleanly: its finalizer released, then deleted."""
+    if cluster.kubectl("get", "gsp", name, check=False).returncode == 0:
+        cluster.kubectl("patch", "gsp", name, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
+        cluster.kubectl("delete", "gsp", name, "--ignore-not-found", check=False)
+
+
 def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, private_pool, monkeypatch, caplog):
     """GPUSharePolicy passes: nodes, members in the namespace, a Job resumed, a replica cap
     written, policy status and Events (kopf posts those of a cluster-scoped object in
@@ -298,11 +312,7 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
     caplog.set_level(logging.INFO)
     try:
         with operator_running_as(identity, monkeypatch):
-            cluster.kubectl("apply", "-f", "-", input=json.dumps({
-                "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
-                "spec": {"nodeSelector": {"matchLabels": private_pool},
-                         "windows": [{"name": "all-day", "start": "00:00", "end": "24:00",
-                                      "online": 50, "offline": 50}]}}))
+            _apply_all_day_policy(cluster, policy, private_pool)
             cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
             member = _ctd("member", 128, 64, labels=label)
             del member["spec"]["quantization"], member["spec"]["autoscaling"]
@@ -317,9 +327,7 @@ def test_share_policy_runs_under_the_chart_identity(cluster, identity, weights, 
                                    f"involvedObject.name={policy}")["items"], "an Event about the policy")
             cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
     finally:
-        if cluster.kubectl("get", "gsp", policy, check=False).returncode == 0:
-            cluster.kubectl("patch", "gsp", policy, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
-            cluster.kubectl("delete", "gsp", policy, "--ignore-not-found", check=False)
+        _force_delete_policy(cluster, policy)
     refused = _refusals(caplog, identity.namespace)
     assert not refused, "the operator was refused:\n" + "\n".join(refused)
 
@@ -341,11 +349,7 @@ def test_dra_profile_runs_under_the_chart_identity(cluster, identity, weights, p
     caplog.set_level(logging.INFO)
     try:
         with operator_running_as(identity, monkeypatch):
-            cluster.kubectl("apply", "-f", "-", input=json.dumps({
-                "apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": policy},
-                "spec": {"nodeSelector": {"matchLabels": private_pool},
-                         "windows": [{"name": "all-day", "start": "00:00", "end": "24:00",
-                                      "online": 50, "offline": 50}]}}))
+            _apply_all_day_policy(cluster, policy, private_pool)
             cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(member))
             _wait_for(lambda: ((_status(cluster, ns, "dra").get("gpu") or {}).get("dra") or {}).get(
                 "allocatedMemoryMiB") == 16384, "the claim allocated, in status")
@@ -358,9 +362,7 @@ def test_dra_profile_runs_under_the_chart_identity(cluster, identity, weights, p
             cluster.kubectl("delete", "gsp", policy, "--wait=true", "--timeout=60s")
     finally:
         cluster.kubectl("delete", "resourceslice", slice_["metadata"]["name"], "--ignore-not-found", check=False)
-        if cluster.kubectl("get", "gsp", policy, check=False).returncode == 0:
-            cluster.kubectl("patch", "gsp", policy, "--type=merge", "-p", '{"metadata": {"finalizers": null}}', check=False)
-            cluster.kubectl("delete", "gsp", policy, "--ignore-not-found", check=False)
+        _force_delete_policy(cluster, policy)
     refused = _refusals(caplog, identity.namespace)
     assert not refused, "the operator was refused:\n" + "\n".join(refused)
 

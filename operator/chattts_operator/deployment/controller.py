@@ -361,8 +361,8 @@ class DeploymentController:
             name = template["metadata"]["name"]
             if name == current or not any(r.get("uid") == owner.uid for r in template["metadata"].get("ownerReferences") or []):
                 continue
-            if not rollout_complete(observed.live_deployment):
-                stale_left = True  # old pods' ReplicaSet may still need it
+            if not desired.rollout_allowed or not rollout_complete(observed.live_deployment):
+                stale_left = True  # the pods that serve (or a rollout's old ones) may still need it
                 continue
             await self.kube.delete("ResourceClaimTemplate", owner.namespace, name)
             metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
