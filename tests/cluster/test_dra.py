@@ -212,6 +212,22 @@ def test_the_scheduler_never_overcommits_a_gpu(cluster, namespace, dra_pool, ope
     wait_until(lambda: ready_and_allocated(cluster, namespace, "tts", 7), "7 replicas Ready, every claim allocated")
 
 
+def test_a_spec_that_cannot_start_keeps_the_claim_template_its_pods_use(cluster, namespace, dra_pool, operator):
+    dra_pool.add_node(40_000)
+    apply(cluster, namespace, serving("tts", dra_pool.pool, "16Gi", 1))
+    obj = wait_until(lambda: ready_and_allocated(cluster, namespace, "tts", 1), "Ready, claim allocated")
+    template = obj["status"]["gpu"]["dra"]["resourceClaimTemplate"]
+    # Too little GPU memory for the model's plan: the new generation is blocked, the old one serves.
+    cluster.kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"gpu":{"memory":"256Mi"}}}')
+    wait_until(lambda: kjson(cluster, "get", "ctd", "tts", "-n", namespace)["status"].get("phase") == "Degraded",
+               "the blocked generation reported")
+    time.sleep(5)  # a few resyncs (every 2 s here)
+    names = [t["metadata"]["name"] for t in kjson(cluster, "get", "resourceclaimtemplates", "-n", namespace)["items"]]
+    assert names == [template], names
+    pods = serving_pods(cluster, namespace, "tts")
+    assert [p["status"]["phase"] for p in pods] == ["Running"] and consumed_per_device(cluster, namespace)
+
+
 class ReadySampler(threading.Thread):
     """The fewest Ready serving pods seen while it runs."""
 
