@@ -228,6 +228,17 @@ def test_a_spec_that_cannot_start_keeps_the_claim_template_its_pods_use(cluster,
     assert [p["status"]["phase"] for p in pods] == ["Running"] and consumed_per_device(cluster, namespace)
 
 
+def test_the_example_runs_on_the_simulated_h200s(cluster, namespace, operator):
+    """deploy/examples/chattts-dra.yaml on the session cluster's own slices (hack/cluster)."""
+    cluster.kubectl("apply", "-n", namespace, "-f", str(rebalancing.REPO / "deploy" / "examples" / "chattts-dra.yaml"))
+    obj = wait_until(lambda: ready_and_allocated(cluster, namespace, "chattts-dra", 2), "the example Ready, allocated")
+    devices = obj["status"]["gpu"]["dra"]["devices"]
+    assert len(devices) == 2 and all(d["pool"].startswith("gpu-h200-") and d["memoryMiB"] == 16_384 for d in devices)
+    assert obj["status"]["gpuShare"] == "1x16Gi dra"
+    printed = cluster.kubectl("get", "ctd", "-n", namespace).stdout
+    assert "1x16Gi dra" in printed and "Ready" in printed
+
+
 class ReadySampler(threading.Thread):
     """The fewest Ready serving pods seen while it runs."""
 
