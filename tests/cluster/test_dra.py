@@ -186,6 +186,22 @@ def test_two_deployments_share_one_gpu_and_the_third_waits_with_the_schedulers_r
     assert "GPUAllocatedFalse" in reasons, reasons
 
 
+def test_the_schedulers_reason_arrives_without_waiting_for_a_resync(cluster, namespace, dra_pool, operators):
+    """The scheduler's reason reaches status within seconds, not at the next resync (ten minutes
+    here). Measured: the Deployment's own status updates after the pod's creation usually bring
+    it; a dra object whose claims still wait is also looked at again every 10 s
+    (DRA_PENDING_RECHECK_SECONDS), which this test does not single out."""
+    dra_pool.add_node(20_000)
+    op = operators(resync_interval_seconds="600").start()
+    apply(cluster, namespace, serving("fits", dra_pool.pool, "16Gi", 1))
+    wait_until(lambda: ready_and_allocated(cluster, namespace, "fits", 1), "the first one Ready")
+    apply(cluster, namespace, serving("waits", dra_pool.pool, "16Gi", 1))
+    started = time.monotonic()
+    wait_until(lambda: condition(kjson(cluster, "get", "ctd", "waits", "-n", namespace), "GPUAllocated").get(
+        "reason") == "Unschedulable", "the scheduler's reason in status", timeout=90)
+    assert time.monotonic() - started < 90 and op.running()
+
+
 def test_the_scheduler_never_overcommits_a_gpu(cluster, namespace, dra_pool, operator):
     node = dra_pool.add_node(40_000, 30_000)  # 4 x 9000 fit on gpu-0, 3 on gpu-1: 7 of 9
     apply(cluster, namespace, serving("tts", dra_pool.pool, "9000Mi", 9))

@@ -59,6 +59,9 @@ from chattts_operator.deployment.status import (
 log = logging.getLogger("chattts_operator")
 
 Key = tuple[str, str]  # (namespace, name)
+# A dra object whose claims wait for the scheduler is looked at again this soon: nothing we
+# watch changes when a pod stays Pending, and status should carry the scheduler's reason.
+DRA_PENDING_RECHECK_SECONDS = 10.0
 
 
 @dataclass
@@ -84,6 +87,7 @@ class DeploymentController:
         self.started_at = time.time()
         self._tasks: list[asyncio.Task] = []
         self._pending: set[asyncio.Task] = set()  # reconciles started by Deployment events
+        self._rechecks: dict[Key, asyncio.Task] = {}  # dra objects waiting for an allocation
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -100,6 +104,8 @@ class DeploymentController:
             self._tasks.append(asyncio.create_task(watch.run_forever(), name=f"chattts-watch {path}"))
 
     async def stop(self) -> None:
+        for task in list(self._rechecks.values()):
+            task.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -291,6 +297,8 @@ class DeploymentController:
             self.blocked.discard(key)
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
 
+        if observed.dra is not None and observed.dra["allocatedClaims"] < observed.dra["claims"]:
+            self._recheck_later(key)
         status = compute_status(desired, observed, previous_status, rfc3339())
         if quantization is not None and quantization.condition is not None:
             status["conditions"] = status["conditions"] + merge_conditions(
@@ -378,6 +386,21 @@ class DeploymentController:
             observed.unschedulable = unschedulable_message(
                 await self.kube.list_namespaced("Pod", owner.namespace, selector))
         return pruned
+
+    def _recheck_later(self, key: Key) -> None:
+        """One follow-up reconcile of ``key`` after DRA_PENDING_RECHECK_SECONDS (at most one waits)."""
+        if key in self._rechecks:
+            return
+
+        async def recheck() -> None:
+            await asyncio.sleep(DRA_PENDING_RECHECK_SECONDS)
+            self._rechecks.pop(key, None)
+            try:
+                await self.reconcile_key(key, "dra-pending")
+            except ApiException as err:
+                log.warning("dra re-check of %s/%s failed: %s %s (the resync will retry)", *key, err.status, err.reason)
+
+        self._rechecks[key] = asyncio.create_task(recheck(), name=f"chattts-dra-recheck {key[0]}/{key[1]}")
 
     async def _prune_network_policy(self, owner: Owner) -> bool:
         """Delete the NetworkPolicy this object made before, now that none is wanted (a read
