@@ -67,19 +67,23 @@ def dra_pool(cluster, gpu_pool) -> Iterator[DraPool]:
         pool.close()
 
 
-def serving(name: str, pool: GpuPool, memory: str, replicas: int, profile: str = "dra",
+def serving(name: str, pool: GpuPool | None, memory: str, replicas: int, profile: str = "dra",
             labels: dict[str, str] | None = None) -> dict[str, Any]:
-    placement = pool.pod_placement()
-    return {
+    """A ChatTTSDeployment on the private pool's node (None: on the session cluster's nodes)."""
+    obj: dict[str, Any] = {
         "apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {
             "replicas": replicas,
             "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
-            "gpu": {"memory": memory, "profile": profile, "nodeSelector": placement["nodeSelector"]},
-            "tolerations": placement["tolerations"],
+            "gpu": {"memory": memory, "profile": profile},
         },
     }
+    if pool is not None:
+        placement = pool.pod_placement()
+        obj["spec"]["gpu"]["nodeSelector"] = placement["nodeSelector"]
+        obj["spec"]["tolerations"] = placement["tolerations"]
+    return obj
 
 
 def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -253,6 +257,42 @@ def test_the_example_runs_on_the_simulated_h200s(cluster, namespace, operator):
     assert obj["status"]["gpuShare"] == "1x16Gi dra"
     printed = cluster.kubectl("get", "ctd", "-n", namespace).stdout
     assert "1x16Gi dra" in printed and "Ready" in printed
+
+
+def test_the_quantization_job_claims_its_gpu_through_its_own_template(cluster, namespace, operator):
+    """With the dra profile the AWQ Job's pod asks its GPU through a claim as well (its own
+    template: its claims are not counted as the serving pods'); the scheduler places it only
+    once the claim is allocated, and kwok completes it."""
+    rebalancing.static_pvc(cluster, namespace, "weights", "/srv/chattts")
+    rebalancing.static_pvc(cluster, namespace, "weights-rw", "/srv/chattts-awq")
+    apply(cluster, namespace, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "calib"},
+                               "data": {"texts.jsonl": '{"text": "hello"}\n'}})
+    ctd = serving("tts", None, "8Gi", 1)
+    ctd["spec"]["model"] = {"pvc": {"claimName": "weights", "subPath": "chattts-fp16"}, "format": "fp16"}
+    ctd["spec"]["quantization"] = {"calibration": {"configMap": {"name": "calib", "key": "texts.jsonl"}},
+                                   "output": {"claimName": "weights-rw", "subPath": "awq"}, "gpuMemory": "12Gi"}
+    apply(cluster, namespace, ctd)
+
+    def quantized() -> dict[str, Any] | None:
+        obj = kjson(cluster, "get", "ctd", "tts", "-n", namespace)
+        return obj if condition(obj, "Quantized").get("status") == "True" else None
+
+    obj = wait_until(quantized, "the Quantized condition", timeout=120)
+    job = kjson(cluster, "get", "job", obj["status"]["quantization"]["jobName"], "-n", namespace)
+    pod_spec = job["spec"]["template"]["spec"]
+    (ref,) = pod_spec["resourceClaims"]
+    assert pod_spec["containers"][0]["resources"]["claims"] == [{"name": ref["name"]}]
+    template = kjson(cluster, "get", "resourceclaimtemplate", ref["resourceClaimTemplateName"], "-n", namespace)
+    request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["capacity"] == {"requests": {"memory": "12Gi"}}
+    assert template["spec"]["metadata"]["labels"]["app.kubernetes.io/component"] == "quantize"
+    (pod,) = kjson(cluster, "get", "pods", "-n", namespace, "-l", f"job-name={job['metadata']['name']}")["items"]
+    assert pod["spec"]["nodeName"].startswith(("gpu-h200-", "gpu-a100-")) and pod["status"]["phase"] == "Succeeded"
+    # Serving claims only in the ChatTTSDeployment's status; its template is kept, the Job's too.
+    obj = wait_until(lambda: ready_and_allocated(cluster, namespace, "tts", 1), "serving Ready on the AWQ weights")
+    assert obj["status"]["gpu"]["dra"]["claims"] == 1
+    names = {t["metadata"]["name"] for t in kjson(cluster, "get", "resourceclaimtemplates", "-n", namespace)["items"]}
+    assert ref["resourceClaimTemplateName"] in names and obj["status"]["gpu"]["dra"]["resourceClaimTemplate"] in names
 
 
 class ReadySampler(threading.Thread):

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from chattts_operator.api.chattts import ChatTTSDeploymentSpec, GpuSpec
+from chattts_operator.api.quantization import PvcDirectory, QuantizationSpec
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import resource_claim_template_name
 from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, assign_gpu, dra_allocation_status
+from chattts_operator.deployment.quantization import build_quantization_job
 from chattts_operator.deployment.spec import desired_state, parse_spec
 from chattts_operator.sharepolicy.observe import Claims, offline_member, online_member, pod_memory_mib
 
@@ -128,3 +130,14 @@ def test_an_offline_job_on_claims_counts_its_template_before_its_pods_exist():
            "spec": {"parallelism": 2, "suspend": True, "template": {"spec": pod("p", template="batch-gpu")["spec"]}}}
     member = offline_member(job, [], H200_MIB, DEFAULT_GPU_CODEC, Claims.of([], [template]))
     assert member.per_pod_mib == 20_000 and member.demand_mib == 40_000
+
+
+def test_the_quantization_job_claims_through_the_template_it_is_given():
+    q = QuantizationSpec.model_validate({"calibration": {"configMap": {"name": "c", "key": "k"}},
+                                         "output": {"claimName": "out"}})
+    job = build_quantization_job(ctd_name="tts", namespace="ns", owner_uid="u", q=q,
+                                 source=PvcDirectory(claim_name="w"), digest="abc", image="i",
+                                 gpu_claim_template="tts-quantize-gpu-1234")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "tts-quantize-gpu-1234"}]
+    assert pod["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}

@@ -319,14 +319,20 @@ def build_deployment(
 # --- ResourceClaimTemplate (dra profile) ---------------------------------------------------
 
 
-def build_resource_claim_template(owner: Owner, dra: DraRequest) -> dict[str, Any]:
-    """One claim per pod, made by Kubernetes from this template; the claims carry the child
-    labels, so the reconciler and the share policy list them with the pods' selector."""
+def build_resource_claim_template(owner: Owner, dra: DraRequest, *, purpose: str = "",
+                                  labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """One claim per pod, made by Kubernetes from this template; the claims carry the
+    template's labels (by default the serving pods'), so the reconciler and the share policy
+    list them with the pods' selector. ``purpose`` and ``labels``: another user's template
+    (the quantization Job's), apart from the serving pods'."""
+    metadata = _metadata(owner, resource_claim_template_name(owner.name + (f"-{purpose}" if purpose else ""), dra))
+    if labels is not None:
+        metadata["labels"] = dict(labels)
     return with_intent_hash({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": _metadata(owner, resource_claim_template_name(owner.name, dra)),
-        "spec": {"metadata": {"labels": child_labels(owner.name)}, "spec": dra.claim_spec()},
+        "metadata": metadata,
+        "spec": {"metadata": {"labels": dict(metadata["labels"])}, "spec": dra.claim_spec()},
     })
 
 

@@ -34,15 +34,18 @@ from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_n
 from chattts_operator.core.labels import MANAGED_SELECTOR, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ListWatch
-from chattts_operator.deployment.children import Owner, network_policy_name
+from chattts_operator.deployment.children import Owner, build_resource_claim_template, network_policy_name
 from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
+    DraRequest,
     GpuCodec,
     assign_gpu,
     dra_allocation_status,
     node_affinity,
 )
+from chattts_operator.deployment.quantization import COMPONENT as QUANTIZE_COMPONENT
 from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
+from chattts_operator.deployment.quantization import labels_for as quantization_labels
 from chattts_operator.deployment.spec import Desired, InvalidSpec, desired_state, needs_apply, parse_spec
 from chattts_operator.deployment.status import (
     SECRET_FOUND,
@@ -326,11 +329,15 @@ class DeploymentController:
         gpu_spec = spec.gpu
         if spec.quantization is not None and spec.quantization.gpu_memory:
             gpu_spec = gpu_spec.model_copy(update={"memory": spec.quantization.gpu_memory})
+        claim_template = None
         try:
             gpu = assign_gpu(gpu_spec, self.settings)
             limits, affinity, selector = gpu.limits, node_affinity(gpu, self.settings), gpu.node_selector
         except GpuAssignmentError:
             limits, affinity, selector = {}, None, {}
+        else:
+            if gpu.dra is not None and spec.quantization is not None:
+                claim_template = await self._apply_quantization_claim_template(meta, gpu.dra)
         tolerations = []
         if self.settings.gpu_toleration_key:
             tolerations.append({"key": self.settings.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"})
@@ -341,7 +348,7 @@ class DeploymentController:
             image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
             gpu_limits=limits, tolerations=tolerations,
             node_affinity=(affinity or {}).get("nodeAffinity"), node_selector=selector,
-            generation=int(meta.get("generation") or 1),
+            generation=int(meta.get("generation") or 1), gpu_claim_template=claim_template,
         )
         if plan.job_to_create is not None:
             await self.kube.create(plan.job_to_create)
@@ -350,6 +357,18 @@ class DeploymentController:
         for event_type, reason, message in plan.events:
             await self._post_event(body, event_type, reason, message)
         return plan
+
+    async def _apply_quantization_claim_template(self, meta: dict[str, Any], dra: DraRequest) -> str:
+        """The dra profile's template for the quantization Job's pod (its own name and labels:
+        its claims are not the serving pods'); applied when missing or changed."""
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        template = build_resource_claim_template(owner, dra, purpose=QUANTIZE_COMPONENT,
+                                                 labels=quantization_labels(meta["name"]))
+        name = template["metadata"]["name"]
+        if needs_apply(template, await self.kube.get("ResourceClaimTemplate", owner.namespace, name)):
+            await self.kube.apply(template)
+            metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
+        return name
 
     async def _reconcile_claims(self, desired: Desired, previous_status: dict[str, Any], observed: Observed) -> bool:
         """dra profile: read the serving pods' claims (what the scheduler allocated) and, while a

@@ -93,6 +93,9 @@ def job_selector(ctd_name: str) -> str:
     return f"{LABEL_COMPONENT}={COMPONENT},{LABEL_INSTANCE}={ctd_name}"
 
 
+GPU_CLAIM = "gpu"  # the Job pod's name for its claim (dra profile)
+
+
 def labels_for(ctd_name: str) -> dict[str, str]:
     return {**child_labels(ctd_name), LABEL_COMPONENT: COMPONENT}
 
@@ -112,8 +115,10 @@ def build_quantization_job(
     node_affinity: Mapping[str, Any] | None = None,
     node_selector: Mapping[str, str] | None = None,
     api_version: str = "tts.chattts.io/v1alpha1",
+    gpu_claim_template: str | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job that quantizes. Deterministic: the same inputs give the same dict."""
+    """The batch/v1 Job that quantizes. Deterministic: the same inputs give the same dict.
+    ``gpu_claim_template``: the dra profile's ResourceClaimTemplate its pod claims its GPU from."""
     name = job_name(ctd_name, digest)
     labels = {**labels_for(ctd_name), HASH_LABEL: digest}
     annotations: dict[str, str] = {}
@@ -167,6 +172,8 @@ def build_quantization_job(
     }
     if gpu_limits:
         container["resources"] = {"limits": dict(gpu_limits)}
+    if gpu_claim_template:
+        container["resources"] = {**container.get("resources", {}), "claims": [{"name": GPU_CLAIM}]}
 
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -187,6 +194,8 @@ def build_quantization_job(
             {"name": "scratch", "emptyDir": {}},
         ],
     }
+    if gpu_claim_template:
+        pod_spec["resourceClaims"] = [{"name": GPU_CLAIM, "resourceClaimTemplateName": gpu_claim_template}]
     if tolerations:
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
     if node_affinity:
@@ -266,6 +275,7 @@ def plan_quantization(
     node_selector: Mapping[str, str] | None = None,
     now: str = "",
     generation: int | None = None,
+    gpu_claim_template: str | None = None,
 ) -> QuantizationPlan:
     """Decide about quantization from the CTD's spec (camelCase dict), this CTD's existing
     quantization Jobs (label component=quantize) and the previous status.quantization.
@@ -304,6 +314,7 @@ def plan_quantization(
             ctd_name=ctd_name, namespace=namespace, owner_uid=owner_uid, q=q, source=source, digest=digest,
             image=image, image_pull_policy=image_pull_policy, gpu_limits=gpu_limits,
             tolerations=tolerations, node_affinity=node_affinity, node_selector=node_selector,
+            gpu_claim_template=gpu_claim_template,
         )
 
     serving_quantized = state == "Succeeded"
