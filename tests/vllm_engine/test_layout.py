@@ -41,3 +41,26 @@ def test_two_carriers_for_one_codebook_is_an_error():
     ids = [LAYOUT.code_token(1, 2), LAYOUT.code_token(1, 3), LAYOUT.code_token(2, 2), LAYOUT.code_token(3, 2)]
     with pytest.raises(FrameDecodeError, match="two carriers"):
         LAYOUT.decode_frame(token, ids)
+
+
+def test_a_hidden_state_round_trips_through_the_logprobs_beside_the_frame():
+    frame = (7, 8, 9, 10)
+    hidden = [0.5, -1e30, 2.0, 1e30, -0.0, 1.0]  # any finite float32, even equal to a carrier's logit
+    token = LAYOUT.code_token(0, frame[0])
+    ranked = {LAYOUT.code_token(k, frame[k]): 1.0 for k in (1, 2, 3)}
+    ranked.update(enumerate(hidden))
+    ranked[token] = 3.0e38
+    assert LAYOUT.hidden_logprobs(len(hidden)) == len(ranked)
+    assert LAYOUT.decode_frame(token, ranked) == frame
+    assert LAYOUT.decode_hidden(ranked, len(hidden)) == hidden
+
+
+def test_missing_hidden_values_are_an_error_naming_the_logprobs_needed():
+    ranked = {0: 1.0, 2: 3.0}
+    with pytest.raises(FrameDecodeError, match="lacks 1 of 3 hidden values.*7 logprobs"):
+        LAYOUT.decode_hidden(ranked, 3)
+
+
+def test_a_hidden_state_wider_than_the_text_range_cannot_travel():
+    with pytest.raises(ValueError, match="exceeds the 100 text ids"):
+        LAYOUT.hidden_logprobs(101)
