@@ -61,6 +61,36 @@ async def test_refine_tokens_equal_the_reference_refiner(vllm_engine, tiny_model
     assert vllm_engine.refining == 0
 
 
+async def test_top_k_1_still_keeps_three_candidates_on_both_heads_as_upstream(vllm_engine, tiny_model):
+    """top_k=1 and a tiny top_p would leave one candidate; upstream keeps 3 (min_tokens_to_keep): seeded
+    draws then leave the argmax sometimes, equally on both engines, on the text head and the code heads."""
+    refiner = TextRefiner(tiny_model, max_model_len=MAX_MODEL_LEN)
+    narrow = dict(temperature=1.5, top_k=1, top_p=0.01, max_new_frames=40)
+    prompt = refiner.prompt_ids("keep three", RefineParams())
+    sampled = upstream_refine_sampling(seed=5, **narrow)
+    want = refiner.generate(prompt, sampled)
+    assert await vllm_engine.refine_tokens("keep3-text", prompt, sampled, refiner.end_id) == want
+    assert want != refiner.generate(prompt, upstream_refine_sampling(temperature=0, max_new_frames=40))
+
+    def codes(prefix: str, **params):
+        audio = tiny_model.tokenizer.build("keep three", with_speaker=False)
+        return [SynthesisRequest(f"{prefix}-{i}", audio.input_ids, None, SamplingParams(
+            min_new_frames=30, max_new_frames=30, **params)) for i in range(3)]
+
+    sampled_codes = dict(temperature=1.5, top_k=1, top_p=0.01, seed=9)
+    reference = ReferenceEngine(tiny_model, max_num_seqs=16, max_model_len=MAX_MODEL_LEN)
+    await reference.start()
+    try:
+        expected = await collect(reference, codes("ref-keep3", **sampled_codes))
+        greedy = await collect(reference, codes("ref-greedy", temperature=0))
+    finally:
+        await reference.stop()
+    got = await collect(vllm_engine, codes("vllm-keep3", **sampled_codes))
+    for (have, _, _), (want_codes, _, _) in zip(got, expected):
+        np.testing.assert_array_equal(have, want_codes)
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(got, greedy))
+
+
 async def test_refine_with_no_room_left_generates_nothing(vllm_engine, tiny_model):
     refiner = TextRefiner(tiny_model, max_model_len=MAX_MODEL_LEN)
     prompt = refiner.prompt_ids("no room", RefineParams())
@@ -86,7 +116,8 @@ async def collect(engine, reqs):
     async def one(req):
         chunks = [chunk async for chunk in engine.submit(req)]
         codes = np.concatenate([c.codes for c in chunks])
-        hidden = np.concatenate([c.hidden for c in chunks if c.hidden is not None])
+        parts = [c.hidden for c in chunks if c.hidden is not None]
+        hidden = np.concatenate(parts) if parts else None
         return codes, hidden, chunks[-1].finish_reason
 
     return await asyncio.gather(*(one(r) for r in reqs))

@@ -426,9 +426,10 @@ class VLLMEngine(Engine):
             ids, values = flat_entries(logprobs, position)
             frames.append(self.layout.decode_frame(token, ids))
             if want_hidden:
-                hidden.append(self.layout.decode_hidden(dict(zip(ids, values)), self.hidden_size))
+                hidden.append(self.layout.decode_hidden(ids, values, self.hidden_size))
         codes = np.asarray(frames, np.int64).reshape(-1, self.layout.num_vq)
-        return codes, (np.asarray(hidden, np.float32).reshape(-1, self.hidden_size) if want_hidden else None)
+        return codes, (np.stack(hidden) if hidden else np.zeros((0, self.hidden_size), np.float32)) if want_hidden \
+            else None
 
     # -- refine-text -----------------------------------------------------------------------
 

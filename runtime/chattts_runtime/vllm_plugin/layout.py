@@ -1,4 +1,4 @@
-"""How ChatTTS frames travel through vLLM as token ids (pure Python, no torch, no vLLM).
+"""How ChatTTS frames travel through vLLM as token ids (pure: numpy, no torch, no vLLM).
 
 vLLM generates one token per step and hands back only token ids (and, on request,
 logprobs). A ChatTTS step makes a *frame* of ``num_vq`` codes (626 values each). The
@@ -28,8 +28,10 @@ Refine-text requests use the text range only: the chosen id *is* the text token.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # The vLLM architecture name of the ChatTTS GPT (``hf_overrides.architectures``).
 ARCHITECTURE = "ChatTTSForAudioCodes"
@@ -109,15 +111,18 @@ class TokenLayout:
                                    f"{[i for i, c in enumerate(codes) if c is None]}")
         return tuple(int(c) for c in codes)  # type: ignore[arg-type]
 
-    def decode_hidden(self, ranked: Mapping[int, float], hidden_size: int) -> list[float]:
-        """A step's logprob entries (id -> raw logit) -> the hidden state they carry."""
-        values: list[float | None] = [None] * hidden_size
-        for tid, value in ranked.items():
-            if tid < hidden_size:
-                values[tid] = value
-        missing = [d for d, v in enumerate(values) if v is None]
-        if missing:
-            raise FrameDecodeError(f"step output lacks {len(missing)} of {hidden_size} hidden values "
-                                   f"(first: {missing[0]}): the request must ask for "
+    def decode_hidden(self, ids: Sequence[int], values: Sequence[float], hidden_size: int) -> np.ndarray:
+        """A step's logprob entries (ids, raw logits) -> the float32 hidden state they carry (vectorised:
+        this runs for every frame of every Decoder-path request in the API process)."""
+        ids_arr = np.asarray(ids, np.int64)
+        mask = ids_arr < hidden_size
+        hidden = np.zeros(hidden_size, np.float32)
+        hidden[ids_arr[mask]] = np.asarray(values, np.float32)[mask]
+        found = np.unique(ids_arr[mask]).size
+        if found != hidden_size:
+            seen = np.zeros(hidden_size, bool)
+            seen[ids_arr[mask]] = True
+            raise FrameDecodeError(f"step output lacks {hidden_size - found} of {hidden_size} hidden values "
+                                   f"(first: {int(np.flatnonzero(~seen)[0])}): the request must ask for "
                                    f"{self.num_vq + hidden_size} logprobs")
-        return values  # type: ignore[return-value]
+        return hidden
