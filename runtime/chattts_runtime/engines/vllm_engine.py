@@ -277,7 +277,10 @@ class VLLMEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "vllm_args": self.cli_args, "max_waiting": self.max_waiting,
-                "refine_text": "vllm", "hidden_states": "raw-logit logprobs"}
+                # What /ready says of the upstream pipeline here (the module docstring says why).
+                "refine_text": "a vLLM generation with the text head",
+                "decoder_hidden_states": f"raw-logit logprobs, {self.layout.hidden_logprobs(self.hidden_size)} "
+                                         f"per frame (vLLM returns no hidden states)"}
 
     @property
     def dead(self) -> str | None:
