@@ -60,8 +60,6 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
     """The request's refine-text and audio path, checked against what the engine can do."""
     engine = config.engine_kind
     decoder = req.audio_decoder or config.audio_decoder
-    if decoder == "decoder" and engine == EngineKind.VLLM:
-        raise ControlError("audio_decoder", "the vllm engine gives no GPT hidden states; use audio_decoder 'dvae'")
     refine_asked = any(v is not None for v in (req.refine_prompt, req.refine_oral, req.refine_laugh,
                                                req.refine_break, req.refine_temperature, req.refine_top_p,
                                                req.refine_top_k))
@@ -70,7 +68,7 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
         raise ControlError("refine_text", "refine_* fields were given but refine_text is false")
     if not refine:
         return Pipeline(None, decoder)
-    if engine != EngineKind.REFERENCE:
+    if engine not in (EngineKind.REFERENCE, EngineKind.VLLM):
         raise ControlError("refine_text", f"the {engine.value} engine cannot run refine-text yet; "
                                           f"send refine_text false or use the reference engine")
     levels = parse_refine_prompt(req.refine_prompt) if req.refine_prompt is not None else {}

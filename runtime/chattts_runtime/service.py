@@ -224,16 +224,26 @@ class SpeechService:
         text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
-        refiner = self._text_refiner()
-        loop = asyncio.get_running_loop()
+        pieces = (synthesis.request, *synthesis.more)
+        runs = [self._refine_piece(text, synthesis.pipeline.refine) for text in synthesis.texts]
+        # An engine that refines runs every piece as its own request, batched; else one by one here.
+        refined_all = await asyncio.gather(*runs) if self.engine.refines_text else [await run for run in runs]
         refined_texts = []
-        for index, (request, text) in enumerate(zip((synthesis.request, *synthesis.more), synthesis.texts)):
-            refined = await loop.run_in_executor(self._refine_pool, refiner.refine, text, synthesis.pipeline.refine)
+        for index, (request, refined) in enumerate(zip(pieces, refined_all)):
             refined_texts.append(refined.text)
             request.prompt_ids, request.params = self._code_prompt(
                 req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
         synthesis.texts = tuple(refined_texts)
         synthesis.refined_text = synthesis.text = " ".join(refined_texts)
+
+    async def _refine_piece(self, text: str, params):
+        refiner = self._text_refiner()
+        if not self.engine.refines_text:
+            return await asyncio.get_running_loop().run_in_executor(self._refine_pool, refiner.refine, text, params)
+        prompt = refiner.prompt_ids(text, params)
+        generated = await self.engine.refine_tokens(f"refine-{uuid.uuid4().hex}", prompt, params.sampling,
+                                                    refiner.end_id)
+        return refiner.result(prompt, generated)
 
     async def run_model(self, fn, *args):
         """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""

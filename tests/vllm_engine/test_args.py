@@ -75,6 +75,21 @@ def test_defaults_keep_log_stats_and_prefix_caching_off_switch(layout):
     assert "rope_parameters" not in args.hf_overrides
 
 
+def test_the_hidden_state_channel_widens_max_logprobs(layout):
+    """The engine passes the GPT's hidden size: Decoder-path requests may ask for the carriers and the
+    hidden state (vLLM refuses a request asking for more logprobs than --max-logprobs)."""
+    args = parse_engine_args(engine_cli_args(RuntimeConfig(), layout, hidden_size=64))
+    assert args.max_logprobs == layout.num_vq + 64
+
+
+def test_the_upstream_pipeline_is_the_vllm_engines_default():
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm"})
+    assert config.refine_text is True and config.audio_decoder == "decoder"
+    explicit = RuntimeConfig.model_validate({"engine_kind": "vllm", "generation": {
+        "refine_text": True, "audio_decoder": "decoder"}})
+    assert explicit.refine_text and explicit.audio_decoder == "decoder"
+
+
 def test_disable_log_stats_is_passed_when_asked(layout):
     config = RuntimeConfig.model_validate({"engine": {"disable_log_stats": True}})
     assert parse_engine_args(engine_cli_args(config, layout)).disable_log_stats is True

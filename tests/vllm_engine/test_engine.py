@@ -152,8 +152,6 @@ async def test_queue_bound_and_bad_requests_fail_at_submit(vllm_engine, tiny_mod
         assert [c async for c in stream][-1].finished
     with pytest.raises(EngineError, match="max_model_len"):
         vllm_engine.submit(SynthesisRequest("long", tuple(prompt.input_ids) * 200, None, params))
-    with pytest.raises(EngineError, match="hidden"):
-        vllm_engine.submit(SynthesisRequest("hid", prompt.input_ids, None, params, want_hidden=True))
 
 
 async def test_deadline_wait_grows_for_requests_beyond_max_num_seqs(vllm_engine, tiny_model):

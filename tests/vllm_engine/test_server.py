@@ -161,3 +161,23 @@ def test_scheduler_deadline_wait_moves_under_load(servers):
     batched = after["chattts_batch_size_count"] - after["chattts_batch_size_bucket[le=1.0]"]
     assert batched > 0
     assert after["chattts_batch_size_bucket[le=4.0]"] == after["chattts_batch_size_count"]  # never > max_num_seqs
+
+
+def test_the_upstream_pipeline_over_http_equals_the_reference_engine(servers):
+    """Refine-text on, the Decoder path, two sentences (two pieces): asked per request on both servers."""
+    import urllib.parse
+
+    import numpy as np
+
+    body = dict(input="Hello world. The second sentence follows!", voice="echo", response_format="pcm",
+                refine_text=True, refine_temperature=0, audio_decoder="decoder")
+    got, want = speech(servers["vllm"], **body), speech(servers["reference"], **body)
+    assert got.status_code == 200, got.text
+    assert want.status_code == 200, want.text
+    refined = urllib.parse.unquote(got.headers["X-ChatTTS-Refined-Text"])
+    assert refined and refined == urllib.parse.unquote(want.headers["X-ChatTTS-Refined-Text"])
+    have, expected = np.frombuffer(got.content, np.int16), np.frombuffer(want.content, np.int16)
+    assert len(have) == len(expected) > PCM_BYTES // 2  # two pieces chained into one stream
+    assert np.abs(have).max() > 0
+    # Hidden states agree to float rounding (vLLM's kernels vs the reference's): a few 16-bit steps at most.
+    assert np.abs(have.astype(np.int32) - expected).max() <= 4

@@ -115,6 +115,12 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     decodes_audio: bool = False  # honours SynthesisRequest.want_audio (see there)
+    refines_text: bool = False  # runs refine-text itself (``refine_tokens``); else the speech API does
+
+    async def refine_tokens(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                            end_id: int) -> list[int]:
+        """Refine-text's generated text ids, up to (not including) ``end_id`` (``refines_text`` engines)."""
+        raise NotImplementedError(f"the {self.name} engine does not run refine-text")
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -75,6 +75,9 @@ class TextRefiner:
 
     def refine(self, text: str, params: RefineParams) -> RefinedText:
         prompt = self.prompt_ids(text, params)
-        generated = self.generate(prompt, params.sampling)
+        return self.result(prompt, self.generate(prompt, params.sampling))
+
+    def result(self, prompt: list[int], generated: list[int]) -> RefinedText:
+        """Generated ids (by this refiner or an engine that refines) -> the text the audio pass reads."""
         kept = [t for t in generated if t < self.break_0]
         return RefinedText(self.model.tokenizer.decode(kept), tuple(generated), len(prompt))

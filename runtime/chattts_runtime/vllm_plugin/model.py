@@ -11,10 +11,16 @@ cache. Around it this class does what stock vLLM cannot:
   worker (``frames.FrameBook``), found through the batch rows the logits processor
   keeps and the attention metadata's ``query_start_loc``.
 * **outputs**: the four code heads give four 626-way distributions; the frame is chosen
-  here with the reference engine's own sampling function (greedy, temperature, top-k/p,
-  windowed repetition penalty, min/max frames), so both engines follow one definition.
+  here with the reference engine's own sampling function (``model.sampling.sample_tokens``:
+  upstream's order, temperature, repetition penalty, top-p then top-k each keeping at least
+  3, min/max frames), so every engine follows one definition.
   The logits handed to vLLM encode that frame (see ``layout.py``): vLLM's greedy
-  sampler emits codebook 0 and the logprobs carry codebooks 1..3 to the client.
+  sampler emits codebook 0 and the logprobs carry codebooks 1..3 to the client; on the
+  Decoder path the same row carries the hidden state too.
+* **refine-text**: a request whose payload names a text end id is upstream's refine pass:
+  its generated ids are text ids (embedded with ``emb_text`` as the prompt is), the text head
+  gives the distribution, the same sampling function chooses, and the chosen id is the token
+  vLLM emits. It is an ordinary vLLM request, batched with the audio requests.
 
 The checkpoint is the official layout: vLLM is pointed at ``<root>/asset/gpt`` (the
 Llama body, AWQ or 16/32-bit) and this class reads ``<root>/asset/Embed.safetensors``.
@@ -36,6 +42,7 @@ from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
 from chattts_runtime.model import config as checkpoint_layout
 from chattts_runtime.model.config import CheckpointError, load_model_sizes
+from chattts_runtime.model.sampling import sample_tokens
 from chattts_runtime.vllm_plugin.frames import RequestTrack, frame_book
 from chattts_runtime.vllm_plugin.layout import CARRIER_LOGIT, CHOSEN_LOGIT, TokenLayout
 
@@ -76,6 +83,8 @@ class ChatTTSForAudioCodes(nn.Module):
                                       for _ in range(sizes.num_vq))
         self.head_code = nn.ModuleList(nn.Linear(h, sizes.num_audio_tokens, bias=False, dtype=f32)
                                        for _ in range(sizes.num_vq))
+        self.head_text = nn.Linear(h, sizes.num_text_tokens, bias=False, dtype=f32)
+        self.hidden_size = h
         self.book = frame_book()
         self._step_tracks: list[RequestTrack | None] | None = None
 
@@ -124,7 +133,8 @@ class ChatTTSForAudioCodes(nn.Module):
                     continue
                 track.sampling = False
                 first, last = pos[start], pos[end - 1]
-                for p in range(max(first, track.prompt_len), last + 1):
+                # A refine-text request's generated ids are text ids: vLLM's own token ids suffice.
+                for p in range(max(first, track.prompt_len), last + 1 if not track.text else 0):
                     j = p - track.prompt_len
                     if j >= len(track.frames):
                         track.broken = (f"request {track.key}: frame {j} is not in the worker's history "
@@ -168,38 +178,61 @@ class ChatTTSForAudioCodes(nn.Module):
         return torch.stack([head(hidden) for head in self.head_code], dim=1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        from chattts_runtime.model.sampling import sample_tokens  # noqa: PLC0415
-
         lay = self.layout
         logits = self.code_logits(hidden_states)
         n = logits.shape[0]
         codes = logits.argmax(dim=-1)
         tracks = self._step_tracks if self._step_tracks is not None and len(self._step_tracks) == n else None
         self._step_tracks = None
-        if tracks is not None:
-            active = [i for i, t in enumerate(tracks) if t is not None and t.sampling]
-            if active:
-                chosen = sample_tokens(logits[active], [tracks[i] for i in active], self.eos)
-                codes[active] = chosen.to(codes.device)
+        tracks = tracks or [None] * n
+        audio = [i for i, t in enumerate(tracks) if t is None or not t.text]
+        active = [i for i in audio if tracks[i] is not None and tracks[i].sampling]
+        if active:
+            chosen = sample_tokens(logits[active], [tracks[i] for i in active], self.eos)
+            codes[active] = chosen.to(codes.device)
         host = codes.cpu().numpy()  # one device sync per step
         stop_rows = (host == self.eos).any(axis=1)
-        if tracks is not None:
-            for i, track in enumerate(tracks):
-                if track is None:
-                    continue
-                if track.broken is not None:
-                    stop_rows[i] = True  # end the request rather than feed it wrong codes
-                elif track.sampling:
-                    track.sampling = False
-                    if not stop_rows[i]:
-                        track.frames.append(host[i].astype(np.int64))
+        for i in audio:
+            track = tracks[i]
+            if track is None:
+                continue
+            if track.broken is not None:
+                stop_rows[i] = True  # end the request rather than feed it wrong codes
+            elif track.sampling:
+                track.sampling = False
+                if not stop_rows[i]:
+                    track.frames.append(host[i].astype(np.int64))
         stop = torch.from_numpy(stop_rows).to(logits.device)
         out = torch.full((n, lay.vocab_size), float("-inf"), dtype=torch.float32, device=logits.device)
+        hidden_rows = [i for i in audio if tracks[i] is not None and tracks[i].want_hidden and not stop_rows[i]]
+        if hidden_rows:  # the Decoder path's hidden state, read back from the logprobs (layout.py)
+            out[hidden_rows, :self.hidden_size] = hidden_states[hidden_rows].float()
         offsets = lay.text_tokens + lay.audio_tokens * torch.arange(self.num_vq, device=logits.device)
         ids = codes + offsets
         first = torch.where(stop, torch.full_like(ids[:, 0], lay.stop_token), ids[:, 0])
         out.scatter_(1, ids[:, 1:], CARRIER_LOGIT)
         out.scatter_(1, first.unsqueeze(1), CHOSEN_LOGIT)
+        text = [i for i, t in enumerate(tracks) if t is not None and t.text]
+        if text:
+            out[text] = self._refine_logits(hidden_states[text], [tracks[i] for i in text])
+        return out
+
+    def _refine_logits(self, hidden: torch.Tensor, tracks: list[RequestTrack]) -> torch.Tensor:
+        """Refine-text rows: the text head, upstream's sampling, the chosen text id as the only finite logit."""
+        logits = self.head_text(hidden.float())[:, None, :]  # [R, 1, T]
+        chosen = logits[:, 0].argmax(dim=-1)
+        sampling = [j for j, t in enumerate(tracks) if t.sampling and t.broken is None]
+        for end in {tracks[j].end_id for j in sampling}:  # one end id per tokenizer: one group
+            rows = [j for j in sampling if tracks[j].end_id == end]
+            chosen[rows] = sample_tokens(logits[rows], [tracks[j] for j in rows], end)[:, 0].to(chosen.device)
+        host = chosen.cpu().tolist()
+        for j in sampling:
+            tracks[j].sampling = False
+            if host[j] != tracks[j].end_id:
+                tracks[j].frames.append(np.array([host[j]], np.int64))
+        out = torch.full((len(tracks), self.layout.vocab_size), float("-inf"), dtype=torch.float32,
+                         device=hidden.device)
+        out.scatter_(1, chosen.unsqueeze(1), CHOSEN_LOGIT)
         return out
 
     # -- weights -----------------------------------------------------------------------
@@ -240,4 +273,6 @@ class ChatTTSForAudioCodes(nn.Module):
             v = take(f"head_code.{k}.parametrizations.weight.original1")
             # Weight norm baked in with the op the parametrisation itself uses (identical floats).
             copy(self.head_code[k].weight, torch._weight_norm(v, g, 0), f"head_code.{k}.weight")
+        g, v = take("head_text.parametrizations.weight.original0"), take("head_text.parametrizations.weight.original1")
+        copy(self.head_text.weight, torch._weight_norm(v, g, 0), "head_text.weight")
         return loaded
