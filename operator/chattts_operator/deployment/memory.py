@@ -307,24 +307,25 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
                       f"the {kind} engine runs on one GPU, but gpu.count is {tensor_parallel}: use gpu.count 1 "
                       "(the model is under 1 GiB; scale by replicas) or engine.kind vllm for tensor parallel")
     copies_text = f"{copies} cop{'ies' if copies > 1 else 'y'}"
-    if weights_and_contexts_mib > budget_mib:
-        return result(False, "WeightsDoNotFit",
-                      f"{kind} engine: weights {parts['weights']} MiB ({copies_text}) + CUDA contexts "
-                      f"{parts['cudaContexts']} MiB = {weights_and_contexts_mib} MiB exceed the budget of {budget_text}")
-    with_kv_mib = weights_and_contexts_mib + kv_mib
-    if with_kv_mib > budget_mib:
-        return result(False, "KVCacheDoesNotFit",
-                      f"{kind} engine: {kv_text} = {kv_mib} MiB on top of {weights_and_contexts_mib} MiB of weights and "
-                      f"CUDA contexts is {with_kv_mib} MiB, more than the budget of {budget_text}; lower "
-                      f"engine.maxNumSeqs or engine.maxModelLen, or ask for more gpu.memory")
-    total_mib = with_kv_mib + activations_mib
-    if total_mib > budget_mib:
-        return result(False, "ActivationsDoNotFit",
-                      f"{kind} engine: activations and capture pools {activations_mib} MiB on top of weights, KV "
-                      f"cache and CUDA contexts ({with_kv_mib} MiB) is {total_mib} MiB, more than the budget of "
-                      f"{budget_text}; lower engine.maxModelLen or ask for more gpu.memory")
+    # Each stage adds to what the GPU holds; the first that passes the budget names the refusal.
+    stages = (
+        ("WeightsDoNotFit", weights_and_contexts_mib,
+         f"weights {parts['weights']} MiB ({copies_text}) + CUDA contexts {parts['cudaContexts']} MiB",
+         "ask for more gpu.memory"),
+        ("KVCacheDoesNotFit", kv_mib, f"{kv_text} = {kv_mib} MiB",
+         "lower engine.maxNumSeqs or engine.maxModelLen, or ask for more gpu.memory"),
+        ("ActivationsDoNotFit", activations_mib, f"activations and capture pools {activations_mib} MiB",
+         "lower engine.maxModelLen or ask for more gpu.memory"),
+    )
+    held = 0
+    for reason, mib, what, advice in stages:
+        before, held = held, held + mib
+        if held > budget_mib:
+            on_top = f" on top of {before} MiB planned before it" if before else ""
+            return result(False, reason, f"{kind} engine: {what}{on_top} makes {held} MiB, more than the budget of "
+                                         f"{budget_text}; {advice}")
     return result(True, "Fits",
-                  f"{kind} engine: weights {parts['weights']} MiB ({copies} cop{'ies' if copies > 1 else 'y'}), "
+                  f"{kind} engine: weights {parts['weights']} MiB ({copies_text}), "
                   f"KV cache {kv_mib} MiB for {seqs} sequences of {length} tokens, activations and pools "
-                  f"{activations_mib} MiB, CUDA contexts {parts['cudaContexts']} MiB: {total_mib} MiB within "
+                  f"{activations_mib} MiB, CUDA contexts {parts['cudaContexts']} MiB: {held} MiB within "
                   f"{budget_text}" + (f". {notes[0]}" if weight_format is not WeightFormat.FP16 else ""))
