@@ -1,11 +1,11 @@
-"""bfloat16 against float32 for the GPT, on the same prompts: how much of the output changes?
+"""bfloat16 (and float16) against float32 for the GPT, on the same prompts: how much of the output changes?
 
     python -m bench.runtime.dtype_agreement --out DIR                  # CUDA: full size; CPU: tiny
     python -m bench.runtime.dtype_agreement --out DIR --engine reference
 
-The same random checkpoint is loaded twice, the GPT body once in float32 and once in bfloat16
+The same random checkpoint is loaded once per dtype, the GPT body in float32 and in each ``--dtypes``
 (embeddings, heads, DVAE and Vocos stay float32 either way, as ``load_chattts`` keeps them), and
-one engine of each runs the same ``PROMPTS`` (mixed: English and Chinese, a few words to a
+one engine per dtype runs the same ``PROMPTS`` (mixed: English and Chinese, a few words to a
 paragraph) all at once, greedy and then sampled with a fixed seed per prompt. Per prompt and mode:
 
 - code agreement: share of frames whose 4 codes are all equal, and the first frame that differs;
@@ -119,18 +119,21 @@ def compare(reference: np.ndarray, test: np.ndarray, ref_audio: np.ndarray, test
     signal = float(np.sum(ref_audio[:m] ** 2))
     return {"frames": n, "frames_equal": int(same.sum()), "agreement": float(same.mean()) if n else 1.0,
             "first_difference": first_diff, "length_equal": len(reference) == len(test),
+            "finite": bool(np.isfinite(test_audio).all()),  # a 16-bit overflow shows as inf/NaN audio
             "mel_l1": float(np.mean(np.abs(mel_a - mel_b))),
             "snr_db": float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-20) / noise)}
 
 
 def summarize(rows: list[dict]) -> dict:
     frames = sum(r["frames"] for r in rows)
-    finite = [r["snr_db"] for r in rows if np.isfinite(r["snr_db"])]
+    differing = [r["snr_db"] for r in rows if r["frames_equal"] != r["frames"]]
     return {"prompts": len(rows), "frame_agreement": sum(r["frames_equal"] for r in rows) / max(frames, 1),
             "identical_outputs": sum(r["frames_equal"] == r["frames"] for r in rows),
+            "non_finite_outputs": sum(not r["finite"] for r in rows),
             "first_difference_median": statistics.median(r["first_difference"] for r in rows),
             "mel_l1_mean": statistics.fmean(r["mel_l1"] for r in rows),
-            "snr_db_median": statistics.median(finite) if finite else float("inf")}
+            # Identical outputs have infinite SNR; the median of the others says how far the rest moved.
+            "snr_db_median_differing": statistics.median(differing) if differing else float("inf")}
 
 
 async def main_async(args) -> dict:
@@ -140,20 +143,25 @@ async def main_async(args) -> dict:
     checkpoint = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
     began = time.monotonic()
     reference_model, f32 = await codes_for("float32", args, checkpoint, device)
-    bf16_model, bf16 = await codes_for("bfloat16", args, checkpoint, device)
-    del bf16_model
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
     report = {"engine": args.engine, "size": args.size, "device": device, "frames": args.frames,
-              "max_model_len": args.max_model_len, "prompts": PROMPTS, "modes": {}}
-    for mode in ("greedy", "seeded"):
-        rows = []
-        for i, (a, b) in enumerate(zip(f32[mode], bf16[mode])):
-            audio = [reference_model.codes_to_audio(torch.as_tensor(c)[None]).cpu().numpy()[0] if len(c)
-                     else np.zeros(0, np.float32) for c in (a, b)]
-            rows.append({"prompt": i, **compare(a, b, audio[0], audio[1])})
-        report["modes"][mode] = {"summary": summarize(rows), "rows": rows}
+              "max_model_len": args.max_model_len, "prompts": PROMPTS, "against_float32": {}}
+
+    def audio_of(codes: np.ndarray) -> np.ndarray:
+        if not len(codes):
+            return np.zeros(0, np.float32)
+        return reference_model.codes_to_audio(torch.as_tensor(codes)[None]).cpu().numpy()[0]
+
+    for dtype_name in args.dtypes.split(","):
+        model, out = await codes_for(dtype_name, args, checkpoint, device)
+        del model
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        modes = report["against_float32"][dtype_name] = {}
+        for mode in ("greedy", "seeded"):
+            rows = [{"prompt": i, **compare(a, b, audio_of(a), audio_of(b))}
+                    for i, (a, b) in enumerate(zip(f32[mode], out[mode]))]
+            modes[mode] = {"summary": summarize(rows), "rows": rows}
     report["seconds"] = round(time.monotonic() - began, 1)
     report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()
     report["torch"] = torch.__version__
@@ -161,16 +169,19 @@ async def main_async(args) -> dict:
 
 
 def markdown(report: dict, command: str) -> str:
-    out = [f"# bf16 vs float32 GPT on the same prompts ({report['date']})", "",
+    out = [f"# The GPT in 16 bits vs float32 on the same prompts ({report['date']})", "",
            f"Engine `{report['engine']}`, model size `{report['size']}` (random weights), {report['device_name']}, "
            f"torch {report['torch']}; {len(report['prompts'])} prompts x {report['frames']} frames; "
            f"command: `{command}`; {report['seconds']} s.", "",
-           "| mode | frames with all 4 codes equal | identical outputs | first difference (median frame) "
-           "| log-mel L1 (mean) | audio SNR (median dB) |", "|---|---|---|---|---|---|"]
-    for mode, data in report["modes"].items():
-        s = data["summary"]
-        out.append(f"| {mode} | {s['frame_agreement']:.1%} | {s['identical_outputs']} / {s['prompts']} | "
-                   f"{s['first_difference_median']} | {s['mel_l1_mean']:.3f} | {s['snr_db_median']:.1f} |")
+           "| GPT dtype vs float32 | mode | frames with all 4 codes equal | identical outputs "
+           "| first difference (median frame) | log-mel L1 (mean) | audio SNR of the differing (median dB) | non-finite audio |",
+           "|---|---|---|---|---|---|---|---|"]
+    for dtype_name, modes in report["against_float32"].items():
+        for mode, data in modes.items():
+            s = data["summary"]
+            out.append(f"| {dtype_name} | {mode} | {s['frame_agreement']:.1%} | {s['identical_outputs']} / "
+                       f"{s['prompts']} | {s['first_difference_median']} | {s['mel_l1_mean']:.3f} | "
+                       f"{s['snr_db_median_differing']:.1f} | {s['non_finite_outputs']} |")
     out += ["", "Audio of both outputs decoded by the same float32 DVAE + Vocos. Random weights: nearly flat "
             "logits, the hardest case for precision (see the module docstring)."]
     return "\n".join(out) + "\n"
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default=None, help="checkpoint size: full (default on CUDA), small, tiny (default on CPU)")
     p.add_argument("--frames", type=int, default=None, help="frames per prompt (default 128 on CUDA, 32 on CPU)")
     p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--dtypes", default="bfloat16,float16", help="GPT dtypes compared with float32")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = p.parse_args(argv)
     import torch  # noqa: PLC0415
@@ -199,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     stem = out / f"dtype-agreement-{report['device']}-{report['date']}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
     stem.with_suffix(".md").write_text(markdown(report, command))
-    for mode, data in report["modes"].items():
-        print(mode, json.dumps(data["summary"]), flush=True)
+    for dtype_name, modes in report["against_float32"].items():
+        for mode, data in modes.items():
+            print(dtype_name, mode, json.dumps(data["summary"]), flush=True)
     print(f"wrote {stem}.json and .md")
     return 0
 

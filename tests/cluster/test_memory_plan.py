@@ -66,6 +66,9 @@ def test_each_engine_is_planned_and_a_graph_spec_that_does_not_fit_is_refused_in
 
 def test_fp8_kv_cache_is_refused_for_the_default_engine_and_accepted_for_vllm(crds, namespace):
     kubectl = crds.kubectl
+    explained = " ".join(kubectl("explain", "ctd.spec.engine.kind").stdout.split())
+    assert "graph (the default)" in explained and "measured on an H200" in explained
+    assert "tested on CPU only so far" in explained  # why vllm is not the default
     bad = ctd("fp8", engine={"kvCacheDtype": "fp8"})
     result = kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
     assert result.returncode != 0
