@@ -281,6 +281,8 @@ def test_awq_saves_disk_not_gpu_memory_on_the_runtime_engines(kind):
         ("graph", 2048, {}, 1, "WeightsDoNotFit"),  # two copies + two CUDA contexts
         ("graph", 8192, {}, 1, "KVCacheDoesNotFit"),  # 65 x 2048 x 60 KiB = 7.6 GiB
         ("graph", 8192, {"max_model_len": 512}, 1, "Fits"),
+        # the slot cache fits (6312 MiB of 6963), the capture pools on top of it do not
+        ("graph", 8192, {"max_num_seqs": 128, "max_model_len": 512}, 1, "ActivationsDoNotFit"),
         ("graph", 16384, {"max_num_seqs": 256, "max_model_len": 1024}, 1, "KVCacheDoesNotFit"),
         ("graph", 35 * 1000**3 // 2**20, {"max_num_seqs": 256, "max_model_len": 1024}, 1, "Fits"),  # MIG 2g.35gb
         ("graph", 18 * 1000**3 // 2**20, {"max_num_seqs": 128, "max_model_len": 1024}, 1, "Fits"),  # MIG 1g.18gb

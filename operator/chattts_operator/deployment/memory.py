@@ -315,7 +315,7 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
         ("KVCacheDoesNotFit", kv_mib, f"{kv_text} = {kv_mib} MiB",
          "lower engine.maxNumSeqs or engine.maxModelLen, or ask for more gpu.memory"),
         ("ActivationsDoNotFit", activations_mib, f"activations and capture pools {activations_mib} MiB",
-         "lower engine.maxModelLen or ask for more gpu.memory"),
+         "lower engine.maxNumSeqs or engine.maxModelLen (the KV cache before it), or ask for more gpu.memory"),
     )
     held = 0
     for reason, mib, what, advice in stages:
