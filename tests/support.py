@@ -35,11 +35,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The default engine (graph) allocates (maxNumSeqs + 1) x maxModelLen x 60 KiB up front: at 512
+# tokens up to 80 sequences fit in 8Gi (the default 2048 would not fit 64 there).
+TEST_ENGINE = {"maxModelLen": 512}
+
+
 def ctd(name: str, **spec: Any) -> dict[str, Any]:
-    """A ChatTTSDeployment that runs on the simulated GPU nodes: 2 replicas of 8Gi unless ``spec`` says otherwise."""
+    """A ChatTTSDeployment that runs on the simulated GPU nodes: 2 replicas of 8Gi unless ``spec`` says
+    otherwise; ``engine`` is merged into ``TEST_ENGINE``."""
     body = {"model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"}, "gpu": {"memory": "8Gi"},
             "replicas": 2}
     body.update(spec)
+    body["engine"] = {**TEST_ENGINE, **spec.get("engine", {})}
     return {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": name},
             "spec": body}
 

@@ -155,7 +155,8 @@ class RuntimeConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     text: TextSettings = Field(default_factory=TextSettings)
-    engine_kind: EngineKind = EngineKind.VLLM
+    # graph: the engine measured on the GPU (bench/results/runtime-h200-*); vllm is one field away.
+    engine_kind: EngineKind = EngineKind.GRAPH
     engine: EngineSettings = Field(default_factory=EngineSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -163,6 +164,9 @@ class RuntimeConfig(_Strict):
     @model_validator(mode="after")
     def _pipeline_fits_the_engine(self) -> "RuntimeConfig":
         gen = self.generation
+        if self.engine_kind != EngineKind.VLLM and self.engine.kv_cache_dtype.startswith("fp8"):
+            raise ValueError(f"engine.kv_cache_dtype {self.engine.kv_cache_dtype}: the {self.engine_kind.value} "
+                             "engine keeps its KV cache in the activation dtype; use auto, or the vllm engine")
         if self.engine_kind not in (EngineKind.REFERENCE, EngineKind.VLLM) and gen.refine_text:
             raise ValueError(f"generation.refine_text: the {self.engine_kind.value} engine cannot run refine-text "
                              f"yet; use the reference engine or refine_text: false")

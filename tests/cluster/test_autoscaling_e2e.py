@@ -268,7 +268,7 @@ def test_batch_token_tuning_raises_at_max_replicas_and_lowers_when_quiet(cluster
     mapper = load = None
     try:
         apply(kubectl, namespace, ctd(
-            "tuned", replicas=1, engine={"maxNumSeqs": SLOTS},
+            "tuned", replicas=1, engine={"kind": "vllm", "maxNumSeqs": SLOTS},  # tuning is vLLM's knob
             autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 1, "window": "6s", "staleness": "30s",
                          "batchTokenTuning": {"enabled": True, "step": 1024, "cap": 9216,
                                               "sustainedFor": "4s", "quietPeriod": "8s"}}))

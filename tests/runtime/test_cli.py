@@ -24,12 +24,23 @@ def run_cli(*args, env=None):
     ("server:\n  prot: 8000\n", "server.prot"),
     ("generation:\n  temperature: hot\n", "generation.temperature"),
     ("engine_kind: tensorrt\n", "engine_kind"),
+    # The graph engine (the default) and the reference engine keep their KV cache in the activation dtype.
+    ("engine:\n  kv_cache_dtype: fp8\n", "engine.kv_cache_dtype fp8: the graph engine"),
+    ("engine_kind: reference\nengine:\n  kv_cache_dtype: fp8_e5m2\n", "engine.kv_cache_dtype fp8_e5m2: the reference"),
 ])
 def test_config_errors_name_the_field(tmp_path, capsys, yaml_text, field):
     cfg = tmp_path / "runtime.yaml"
     cfg.write_text(yaml_text)
     assert main(["serve", "--config", str(cfg)]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_the_default_engine_is_the_one_measured_on_the_gpu_and_vllm_keeps_fp8():
+    from chattts_runtime.config import EngineKind, RuntimeConfig
+
+    assert RuntimeConfig().engine_kind is EngineKind.GRAPH
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"kv_cache_dtype": "fp8"}})
+    assert config.engine.kv_cache_dtype == "fp8"
 
 
 def test_environment_override_errors_name_the_field(tmp_path):

@@ -63,7 +63,7 @@ def test_builders_are_deterministic():
 
 
 def test_configmap_is_a_valid_runtime_config():
-    spec = spec_of(engine={"maxNumSeqs": 32, "kvCacheDtype": "fp8", "extraArgs": ["--enforce-eager"]},
+    spec = spec_of(engine={"kind": "vllm", "maxNumSeqs": 32, "kvCacheDtype": "fp8", "extraArgs": ["--enforce-eager"]},
                    gpu={"memory": "8Gi", "count": 2}, server={"shutdownGraceSeconds": 60})
     text = builders.build_configmap(OWNER, spec)["data"]["runtime.yaml"]
     config = RuntimeConfig.model_validate(yaml.safe_load(text))

@@ -152,12 +152,13 @@ def test_product_and_node_selector():
 # --- planner ---------------------------------------------------------------------------------
 
 SHAPE = ModelShape()
+VLLM = EngineSpec(kind="vllm")
 
 
 def test_chattts_default_shape_numbers():
     # 225 M parameters, 2 x 20 layers x 12 heads x 64 dims x 2 bytes = 60 KiB of KV per token.
     assert SHAPE.linear_params + SHAPE.other_params == pytest.approx(225e6, rel=0.01)
-    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=VLLM, gpu_memory_mib=8192)
     assert plan.kv_bytes_per_token == 2 * 20 * 12 * 64 * 2 == 61440
 
 
@@ -176,7 +177,7 @@ def test_chattts_default_shape_numbers():
     ],
 )
 def test_plan_table(fmt, engine, mib, tp, fits, reason, sequences):
-    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat(fmt), engine=EngineSpec.model_validate(engine),
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat(fmt), engine=EngineSpec.model_validate({"kind": "vllm", **engine}),
                        gpu_memory_mib=mib, tensor_parallel=tp)
     assert (plan.fits, plan.reason) == (fits, reason), plan.message
     if tp == 1:
@@ -186,23 +187,23 @@ def test_plan_table(fmt, engine, mib, tp, fits, reason, sequences):
 
 
 def test_awq_weights_are_about_a_quarter():
-    fp16 = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
-    awq = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=EngineSpec(), gpu_memory_mib=8192)
+    fp16 = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=VLLM, gpu_memory_mib=8192)
+    awq = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=VLLM, gpu_memory_mib=8192)
     linear_fp16_mib = SHAPE.linear_params * 2 / 2**20
     linear_awq_mib = SHAPE.linear_params * BYTES_4BIT_GROUP128 / 2**20
     assert fp16.weights_mib - awq.weights_mib == pytest.approx(linear_fp16_mib - linear_awq_mib, abs=2)
 
 
 def test_tensor_parallel_splits_kv_per_gpu():
-    one = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192)
-    two = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(), gpu_memory_mib=8192,
+    one = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=VLLM, gpu_memory_mib=8192)
+    two = plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=VLLM, gpu_memory_mib=8192,
                       tensor_parallel=2)
     assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
     assert two.max_concurrent_sequences > one.max_concurrent_sequences
 
 
 def test_kv_cache_numbers_are_consistent():
-    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=EngineSpec(), gpu_memory_mib=16384)
+    plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ, engine=VLLM, gpu_memory_mib=16384)
     assert plan.budget_mib == int(16384 * 0.85)
     assert plan.kv_cache_mib == pytest.approx(plan.budget_mib - plan.weights_mib - plan.activations_mib
                                               - plan.overhead_mib, abs=3)
@@ -214,16 +215,112 @@ def test_kv_cache_numbers_are_consistent():
 @pytest.mark.parametrize("utilization, warned", [(0.85, False), (0.9, False), (0.95, True), (1.0, True)])
 def test_high_utilization_warns(utilization, warned):
     plan = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
-                       engine=EngineSpec(gpu_memory_utilization=utilization, max_num_seqs=8), gpu_memory_mib=8192)
+                       engine=EngineSpec(kind="vllm", gpu_memory_utilization=utilization, max_num_seqs=8), gpu_memory_mib=8192)
     assert any("above 0.9" in w for w in plan.warnings) == warned
 
 
 def test_more_batched_tokens_cost_activation_memory():
     small = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
-                        engine=EngineSpec(max_num_batched_tokens=2048), gpu_memory_mib=8192)
+                        engine=EngineSpec(kind="vllm", max_num_batched_tokens=2048), gpu_memory_mib=8192)
     big = plan_memory(shape=SHAPE, weight_format=WeightFormat.AWQ,
-                      engine=EngineSpec(max_num_batched_tokens=65536), gpu_memory_mib=8192)
+                      engine=EngineSpec(kind="vllm", max_num_batched_tokens=65536), gpu_memory_mib=8192)
     assert big.activations_mib > small.activations_mib and big.kv_cache_mib < small.kv_cache_mib
+
+
+# --- the graph and reference engines -------------------------------------------------------------
+
+KV_PER_TOKEN = 61440  # 60 KiB: 2 x 20 layers x 12 heads x 64 x 2 bytes
+
+
+def plan(kind: str, mib: int, fmt: str = "fp16", tp: int = 1, **engine):
+    return plan_memory(shape=SHAPE, weight_format=WeightFormat(fmt), engine=EngineSpec(kind=kind, **engine),
+                       gpu_memory_mib=mib, tensor_parallel=tp)
+
+
+def test_the_default_engine_is_graph():
+    assert EngineSpec().kind == "graph"
+    assert plan_memory(shape=SHAPE, weight_format=WeightFormat.FP16, engine=EngineSpec(),
+                       gpu_memory_mib=16384).engine == "graph"
+
+
+def test_graph_slot_cache_is_allocated_up_front():
+    """(maxNumSeqs + 1) x maxModelLen x 60 KiB, whatever the budget: it is not "what is left"."""
+    for mib in (16384, 81920):
+        p = plan("graph", mib, max_num_seqs=128, max_model_len=1024)
+        assert p.fits and p.parts["kvCache"] == -(-129 * 1024 * KV_PER_TOKEN // 2**20)
+        assert p.max_concurrent_sequences == 128
+    assert plan("graph", 81920, max_num_seqs=128, max_model_len=1024).kv_cache_mib == p.kv_cache_mib
+
+
+def test_graph_weights_are_counted_once_per_process():
+    graph, reference = plan("graph", 16384, max_model_len=1024), plan("reference", 16384, max_model_len=1024)
+    assert graph.weight_copies == 2 and reference.weight_copies == 1
+    assert graph.weights_mib == 2 * reference.weights_mib
+    assert graph.parts["cudaContexts"] == 2 * reference.parts["cudaContexts"]
+    # One copy: the GPT body in bf16, embeddings, heads and the auxiliary models float32 (load_chattts).
+    one = (SHAPE.linear_params * 2 + (SHAPE.other_params + SHAPE.auxiliary_params) * 4) / 2**20
+    assert reference.weights_mib == pytest.approx(one, abs=1)
+    assert any("weights counted twice" in n for n in graph.notes)
+
+
+@pytest.mark.parametrize("kind", ["graph", "reference"])
+def test_awq_saves_disk_not_gpu_memory_on_the_runtime_engines(kind):
+    fp16, awq = plan(kind, 16384, max_model_len=1024), plan(kind, 16384, "awq", max_model_len=1024)
+    assert awq.weights_mib == fp16.weights_mib and awq.fits
+    note = next(n for n in awq.notes if n.startswith("model.format awq"))
+    assert "saves disk, not GPU memory" in note and note in awq.message
+    assert not any(n.startswith("model.format") for n in fp16.notes)
+    assert "notes" in awq.to_status() and awq.to_status()["notes"] == awq.notes
+    # vLLM runs AWQ kernels: there the weights shrink.
+    assert plan("vllm", 16384, "awq").weights_mib < plan("vllm", 16384).weights_mib
+
+
+@pytest.mark.parametrize(
+    "kind, mib, engine, tp, reason",
+    [
+        ("graph", 2048, {}, 1, "WeightsDoNotFit"),  # two copies + two CUDA contexts
+        ("graph", 8192, {}, 1, "KVCacheDoesNotFit"),  # 65 x 2048 x 60 KiB = 7.6 GiB
+        ("graph", 8192, {"max_model_len": 512}, 1, "Fits"),
+        # the slot cache fits (6312 MiB of 6963), the capture pools on top of it do not
+        ("graph", 8192, {"max_num_seqs": 128, "max_model_len": 512}, 1, "ActivationsDoNotFit"),
+        ("graph", 16384, {"max_num_seqs": 256, "max_model_len": 1024}, 1, "KVCacheDoesNotFit"),
+        ("graph", 35 * 1000**3 // 2**20, {"max_num_seqs": 256, "max_model_len": 1024}, 1, "Fits"),  # MIG 2g.35gb
+        ("graph", 18 * 1000**3 // 2**20, {"max_num_seqs": 128, "max_model_len": 1024}, 1, "Fits"),  # MIG 1g.18gb
+        ("graph", 16384, {"max_model_len": 1024}, 2, "TensorParallelUnsupported"),
+        ("reference", 16384, {"max_model_len": 1024}, 2, "TensorParallelUnsupported"),
+        ("reference", 16384, {"max_model_len": 1024}, 1, "Fits"),
+        ("reference", 16384, {"max_num_seqs": 128, "max_model_len": 1024}, 1, "KVCacheDoesNotFit"),  # 3 x the rows
+        ("vllm", 16384, {"max_model_len": 1024}, 2, "Fits"),
+    ],
+)
+def test_every_engine_refuses_what_does_not_fit(kind, mib, engine, tp, reason):
+    p = plan(kind, mib, tp=tp, **engine)
+    assert (p.fits, p.reason) == (reason == "Fits", reason), p.message
+    assert p.engine == kind and p.message
+    if kind != "vllm" and reason not in ("Fits", "TensorParallelUnsupported"):
+        assert f"{kind} engine" in p.message and "MiB" in p.message
+    if reason == "TensorParallelUnsupported":
+        assert "engine.kind vllm" in p.message
+
+
+def test_graph_plan_parts_add_up():
+    p = plan("graph", 32768, max_num_seqs=64, max_model_len=2048)
+    assert sum(p.parts.values()) == p.weights_mib + p.kv_cache_mib + p.activations_mib + p.overhead_mib
+    assert p.parts["frameHistory"] == -(-65 * 2048 * 32 // 2**20)
+    assert sum(p.parts.values()) <= p.budget_mib
+    status = p.to_status()
+    assert status["engine"] == "graph" and status["weightCopies"] == 2 and status["parts"] == p.parts
+
+
+def test_reference_kv_cache_is_planned_at_its_worst():
+    p = plan("reference", 65536, max_num_seqs=64, max_model_len=1024)
+    assert p.parts["kvCache"] == -(-3 * 64 * 1024 * KV_PER_TOKEN // 2**20)
+
+
+def test_vllm_warns_when_the_speech_api_copy_has_no_room_outside_its_budget():
+    assert not any("speech API" in w for w in plan("vllm", 16384).warnings)  # 15% of 16 GiB is room enough
+    tight = plan("vllm", 16384, gpu_memory_utilization=0.95)
+    assert tight.fits and any("speech API's process holds its own copy" in w for w in tight.warnings)
 
 
 # --- settings ----------------------------------------------------------------------------------

@@ -16,9 +16,14 @@ SETTINGS = OperatorSettings()
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
 
 
+# The default engine (graph) holds (maxNumSeqs + 1) x maxModelLen x 60 KiB: 512 tokens fit 8Gi.
+ENGINE = {"maxModelLen": 512}
+
+
 def obj(spec_extra=None, *, generation=1, annotations=None, gpu=None):
     spec = {"model": {"pvc": {"claimName": "w"}, "format": "awq"}, "gpu": gpu or {"memory": "8Gi"}}
     spec.update(spec_extra or {})
+    spec["engine"] = {**ENGINE, **(spec_extra or {}).get("engine", {})}
     return {
         "apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
         "metadata": {"name": "tts", "namespace": "ns", "uid": "u1", "generation": generation,
@@ -56,7 +61,9 @@ def test_fitting_spec_applies_everything_in_order():
         ({"memory": "4Gi"}, {"maxModelLen": 131072}, None, "KVCacheDoesNotFit"),
         ({"memory": "200Gi", "profile": "mig"}, {}, None, "NoMigProfileFits"),
         ({"memory": "160Gi"}, {}, 143771, "NoNodeLargeEnough"),
-        ({"memory": "8Gi", "count": 5}, {}, None, "TensorParallelMismatch"),
+        ({"memory": "8Gi", "count": 5}, {"kind": "vllm"}, None, "TensorParallelMismatch"),
+        ({"memory": "8Gi", "count": 2}, {}, None, "TensorParallelUnsupported"),
+        ({"memory": "8Gi"}, {"maxNumSeqs": 256, "maxModelLen": 1024}, None, "KVCacheDoesNotFit"),
     ],
 )
 def test_unsatisfiable_specs_are_blocked(gpu, engine, largest, reason):

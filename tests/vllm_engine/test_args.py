@@ -18,6 +18,7 @@ from chattts_runtime.vllm_plugin.layout import ARCHITECTURE, TokenLayout
 REPO = Path(__file__).resolve().parents[2]
 
 EVERY_KNOB = {
+    "engine_kind": "vllm",
     "model": {"path": "/models/chattts", "format": "awq", "served_name": "tts-a"},
     "engine": {
         "max_num_batched_tokens": 4096, "max_num_seqs": 48, "gpu_memory_utilization": 0.8,
@@ -67,7 +68,7 @@ def test_every_engine_knob_reaches_vllm_engine_args(layout):
 
 
 def test_defaults_keep_log_stats_and_prefix_caching_off_switch(layout):
-    args = parse_engine_args(engine_cli_args(RuntimeConfig(), layout))
+    args = parse_engine_args(engine_cli_args(RuntimeConfig(engine_kind="vllm"), layout))
     assert args.disable_log_stats is False  # autoscaling reads engine metrics
     assert args.enable_prefix_caching is False
     assert args.quantization is None
@@ -91,7 +92,7 @@ def test_the_upstream_pipeline_is_the_vllm_engines_default():
 
 
 def test_disable_log_stats_is_passed_when_asked(layout):
-    config = RuntimeConfig.model_validate({"engine": {"disable_log_stats": True}})
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"disable_log_stats": True}})
     assert parse_engine_args(engine_cli_args(config, layout)).disable_log_stats is True
 
 
@@ -99,9 +100,9 @@ def test_disable_log_stats_is_passed_when_asked(layout):
 def test_extra_args_may_not_rewire_the_plugin(layout, flag):
     # Refused at the earliest point: the config contract (whose list also feeds the CRD's CEL rule)...
     with pytest.raises(ValueError, match=flag):
-        RuntimeConfig.model_validate({"engine": {"extra_args": [f"{flag}=x"]}})
+        RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"extra_args": [f"{flag}=x"]}})
     # ...and again by the engine, for a config that skipped validation (model_copy does not validate).
-    default = RuntimeConfig()
+    default = RuntimeConfig(engine_kind="vllm")
     config = default.model_copy(update={"engine": default.engine.model_copy(update={"extra_args": [f"{flag}=x"]})})
     with pytest.raises(ValueError, match=flag):
         engine_cli_args(config, layout)
@@ -112,19 +113,19 @@ def test_the_plugin_flags_are_managed_by_the_config_contract():
 
 
 def test_a_typo_in_extra_args_is_refused_by_vllm(layout):
-    config = RuntimeConfig.model_validate({"engine": {"extra_args": ["--max-num-seq=8"]}})
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"extra_args": ["--max-num-seq=8"]}})
     with pytest.raises(SystemExit):
         parse_engine_args(engine_cli_args(config, layout))
 
 
 def test_a_bad_value_is_refused_by_vllm(layout):
-    config = RuntimeConfig.model_validate({"engine": {"extra_args": ["--block-size=banana"]}})
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"extra_args": ["--block-size=banana"]}})
     with pytest.raises(SystemExit):
         parse_engine_args(engine_cli_args(config, layout))
 
 
 def test_speculative_decoding_is_refused_before_start(tiny_model, layout):
-    config = RuntimeConfig.model_validate({"engine": {"speculative_config": {"method": "ngram"}}})
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"speculative_config": {"method": "ngram"}}})
     with pytest.raises(EngineError, match="speculative"):
         VLLMEngine(tiny_model, config)
 
@@ -161,7 +162,7 @@ def test_rendered_args_build_a_full_vllm_config_for_the_checkpoint(tiny_checkpoi
     from chattts_runtime.vllm_plugin import register
 
     register()
-    config = RuntimeConfig.model_validate({"model": {"path": str(tiny_checkpoint)}, "device": "cpu", "engine": {
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "model": {"path": str(tiny_checkpoint)}, "device": "cpu", "engine": {
         "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "rope_theta": 5000.0,
         "enable_prefix_caching": True}})
     vllm_config = parse_engine_args(engine_cli_args(config, layout)).create_engine_config()
@@ -180,7 +181,7 @@ async def test_awq_on_a_cpu_build_without_the_kernel_fails_at_start_not_mid_requ
     dies (no cpu_gemm_wna16). The engine says so before starting anything."""
     if awq_unsupported_reason() is None:
         pytest.skip("this vLLM build has the CPU AWQ kernel")
-    config = RuntimeConfig.model_validate({"model": {"path": str(tiny_checkpoint), "format": "awq"},
+    config = RuntimeConfig.model_validate({"engine_kind": "vllm", "model": {"path": str(tiny_checkpoint), "format": "awq"},
                                            "engine": {"dtype": "bfloat16"}, "device": "cpu"})
     engine = VLLMEngine(tiny_model, config)
     with pytest.raises(EngineError, match="cpu_gemm_wna16"):

@@ -390,7 +390,7 @@ class AutoscalingSpec(_SpecModel):
     )
     metrics: MetricSource = Field(default_factory=MetricSource, description="Where the metric is read.")
     batch_token_tuning: BatchTokenTuning = Field(
-        default_factory=BatchTokenTuning, description="Opt-in tuning of the engine's maxNumBatchedTokens."
+        default_factory=BatchTokenTuning, description="Opt-in tuning of the engine's maxNumBatchedTokens (engine.kind vllm only; other engines have none)."
     )
 
     @field_validator("target_scheduler_deadline_wait")

@@ -196,8 +196,16 @@ _MANAGED_FLAGS_CEL = "[" + ", ".join(f"'{flag}'" for flag in MANAGED_FLAGS_SORTE
 _SETS_MANAGED_FLAG = f"{_MANAGED_FLAGS_CEL}.exists(f, a == f || a.startsWith(f + '='))"
 
 
+# An 8-bit KV cache exists in the vLLM engine only (the graph and reference engines keep theirs
+# in the activation dtype); absent fields are defaulted by the API server before CEL runs.
+_FP8_NEEDS_VLLM_CEL = "!has(self.kvCacheDtype) || !self.kvCacheDtype.startsWith('fp8') || self.kind == 'vllm'"
+FP8_NEEDS_VLLM = ("engine.kvCacheDtype fp8 is honoured by the vllm engine only: use kvCacheDtype auto with the "
+                  "graph and reference engines, or engine.kind vllm")
+DEFAULT_ENGINE_KIND = "graph"
+
+
 class EngineSpec(_SpecModel):
-    """The vLLM engine's knobs (names follow vLLM's engine arguments)."""
+    """The engine's knobs (names follow vLLM's engine arguments; the vLLM-only ones say so)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -206,14 +214,24 @@ class EngineSpec(_SpecModel):
                     "rule": "!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens >= self.maxNumSeqs",
                     "message": "engine.maxNumBatchedTokens must be at least engine.maxNumSeqs",
                 },
+                {
+                    "rule": _FP8_NEEDS_VLLM_CEL,
+                    "messageExpression": "'engine.kvCacheDtype ' + self.kvCacheDtype + ' is not honoured by the ' "
+                    "+ self.kind + ' engine (its KV cache is kept in the activation dtype); use kvCacheDtype auto, "
+                    "or engine.kind vllm for an 8-bit KV cache'",
+                    "message": FP8_NEEDS_VLLM,
+                },
             ]
         }
     )
 
     kind: Literal["vllm", "graph", "reference"] = Field(
-        "vllm",
-        description="vllm: the vLLM engine; graph: the runtime's CUDA-graph engine (static slot KV cache, "
-        "graphs per batch bucket); reference: the plain PyTorch engine (baseline).",
+        DEFAULT_ENGINE_KIND,
+        description="graph (the default): the runtime's CUDA-graph engine (static slot KV cache, graphs per "
+        "batch bucket), the engine measured on an H200 (bench/results/runtime-h200-*); vllm: the vLLM engine "
+        "with the out-of-tree ChatTTS model, tested on CPU only so far (no CUDA build of vLLM has run here), "
+        "set it for tensor parallel, AWQ kernels or an fp8 KV cache; reference: the plain PyTorch engine "
+        "(baseline).",
     )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, le=1_048_576, description="Tokens per engine step (vLLM --max-num-batched-tokens); unset: vLLM's default."
@@ -225,7 +243,8 @@ class EngineSpec(_SpecModel):
     )
     max_model_len: int = Field(2048, ge=16, le=131_072, description="Longest sequence in tokens (--max-model-len).")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
-        "auto", description="KV cache element type (--kv-cache-dtype); fp8 halves the KV cache."
+        "auto", description="KV cache element type (--kv-cache-dtype); fp8 halves the KV cache (vllm engine "
+        "only: refused for graph and reference)."
     )
     enable_prefix_caching: bool = Field(False, description="Reuse KV of shared prompt prefixes.")
     speculative_config: dict[str, Any] | None = Field(
@@ -268,6 +287,14 @@ class EngineSpec(_SpecModel):
     def _batched_tokens(self) -> "EngineSpec":
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("engine.maxNumBatchedTokens must be at least engine.maxNumSeqs")
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_needs_vllm(self) -> "EngineSpec":
+        if self.kv_cache_dtype.startswith("fp8") and self.kind != "vllm":
+            raise ValueError(f"engine.kvCacheDtype {self.kv_cache_dtype} is not honoured by the {self.kind} engine "
+                             "(its KV cache is kept in the activation dtype); use kvCacheDtype auto, or "
+                             "engine.kind vllm for an 8-bit KV cache")
         return self
 
 
@@ -360,7 +387,8 @@ class ChatTTSDeploymentSpec(_SpecModel):
     image: str | None = Field(None, max_length=512, description="Runtime image; unset: the operator's default.")
     model: ModelSpec = Field(description="Where the weights are and their format.")
     engine: EngineSpec = Field(
-        default_factory=EngineSpec, json_schema_extra={"default": {}}, description="vLLM engine settings."
+        default_factory=EngineSpec, json_schema_extra={"default": {}},
+        description="Engine settings (engine.kind: graph by default, vllm one field away).",
     )
     gpu: GpuSpec = Field(description="GPU memory and count per replica.")
     server: ServerSpec = Field(
@@ -425,17 +453,27 @@ class ResolvedGpu(_StatusModel):
 
 
 class MemoryPlan(_StatusModel):
-    """The GPU memory planner's budget for one GPU of a replica (MiB)."""
+    """The GPU memory planner's budget for one GPU of a replica (MiB), for the engine the spec names."""
 
     fits: bool = False
     reason: str = ""
+    engine: str = Field("", description="The engine planned for (its allocations differ: see parts).")
     budget_mi_b: int = Field(0, alias="budgetMiB", description="GPU memory x utilization.")
-    weights_mi_b: int = Field(0, alias="weightsMiB")
-    activations_mi_b: int = Field(0, alias="activationsMiB")
-    overhead_mi_b: int = Field(0, alias="overheadMiB")
-    kv_cache_mi_b: int = Field(0, alias="kvCacheMiB", description="What is left for the KV cache.")
+    weights_mi_b: int = Field(0, alias="weightsMiB", description="Weights on the GPU, every copy counted.")
+    weight_copies: int = Field(1, description="Processes holding the weights (graph: the engine's and the speech API's).")
+    activations_mi_b: int = Field(0, alias="activationsMiB", description="Activations and CUDA-graph capture pools.")
+    overhead_mi_b: int = Field(0, alias="overheadMiB", description="CUDA contexts, CUDA graphs and slack.")
+    kv_cache_mi_b: int = Field(
+        0, alias="kvCacheMiB", description="vllm: what is left for the KV cache; graph and reference: what it allocates."
+    )
     kv_bytes_per_token: int = 0
-    max_concurrent_sequences: int = Field(0, description="maxModelLen-long sequences the KV cache holds.")
+    max_concurrent_sequences: int = Field(
+        0, description="maxModelLen-long sequences the KV cache holds (graph and reference: maxNumSeqs when it fits)."
+    )
+    parts: dict[str, int] = Field(default_factory=dict, description="MiB by what holds it.")
+    notes: list[str] = Field(
+        default_factory=list, description="What the plan assumes, e.g. AWQ dequantized to 16 bits by the graph engine."
+    )
 
 
 class ChatTTSDeploymentStatus(_StatusModel):

@@ -305,6 +305,10 @@ class Autoscaler:
         except (InvalidSpec, GpuAssignmentError, ValueError) as err:
             log.info("batch-token tuning skipped: %s", err)
             return None
+        if spec.engine.kind != "vllm":
+            # Only vLLM reads maxNumBatchedTokens: raising it for another engine would roll pods for nothing.
+            log.info("batch-token tuning skipped: the %s engine has no maxNumBatchedTokens", spec.engine.kind)
+            return None
 
         def fits(tokens: int) -> bool:
             plan = plan_memory(shape=spec.model.shape, weight_format=spec.model.format,
