@@ -154,9 +154,11 @@ def _default_scale_up() -> ScalingRules:
 
 
 def _default_scale_down() -> ScalingRules:
-    # The HPA's defaults: 300 s stabilization, then any amount per 15 s.
+    # 360 s stabilization (HPA's is 300 s: a square wave of 5.5-minute halves then flaps, and
+    # 420 s scales down too late after a burst; bench/results/autoscaler-results.md), then
+    # any amount per 15 s.
     return ScalingRules(
-        stabilization_window_seconds=300,
+        stabilization_window_seconds=360,
         select_policy="Max",
         policies=[ScalingPolicy(type="Percent", value=100, period_seconds=15)],
     )

@@ -201,7 +201,7 @@ def learn_step_seconds(previous: float | None, samples: Sequence[FleetSample], l
 def shrink_headroom(level: float) -> float:
     """Load a smaller fleet must still carry: the level plus 2 sigma of Poisson noise.
     Scale-downs that leave no room for ordinary noise are reversed minutes later."""
-    return level + 2.0 * math.sqrt(max(level, 1.0))
+    return level + 3.0 * math.sqrt(max(level, 1.0))
 
 
 def raw_recommendation(
@@ -257,11 +257,11 @@ def raw_recommendation(
 
 
 def _stabilize(
-    current: int, recommendation: int, now: float, history: History, up: ScalingRules, down: ScalingRules
+    current: int, recommendation: int, now: float, history: History, up: ScalingRules, down_seconds: float
 ) -> int:
     """HPA's stabilization: the lowest recommendation of the up window, the highest of the down window."""
     up_window = [r for t, r in history.recommendations if now - t <= up.stabilization_window_seconds]
-    down_window = [r for t, r in history.recommendations if now - t <= down.stabilization_window_seconds]
+    down_window = [r for t, r in history.recommendations if now - t <= down_seconds]
     up_recommendation = min(up_window + [recommendation])
     down_recommendation = max(down_window + [recommendation])
     result = current
@@ -304,7 +304,7 @@ def _rate_limit(current: int, desired: int, now: float, history: History, rules:
 
 def _prune(history: History, now: float, spec: AutoscalingSpec) -> History:
     behavior = spec.behavior
-    keep_recs = max(behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds)
+    keep_recs = max(behavior.scale_up.stabilization_window_seconds, spec.behavior.scale_down.stabilization_window_seconds)
     keep_events = max(
         [p.period_seconds for p in behavior.scale_up.policies + behavior.scale_down.policies] or [0]
     )
@@ -393,9 +393,14 @@ def decide(
     if recommendation < current_replicas and latest.unreachable_replicas > 0:
         recommendation = current_replicas
         why += f"; {latest.unreachable_replicas} pod(s) did not answer: no scale-down"
+    elif (recommendation < current_replicas and now - in_window[0].time < spec.window_seconds / 2
+          and not _idle(in_window)):
+        recommendation = current_replicas  # a fresh start: the load of a partial window is no evidence to shrink
+        why += "; samples cover less than half the window: no scale-down"
 
     behavior = spec.behavior
-    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up, behavior.scale_down)
+    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up,
+                            spec.behavior.scale_down.stabilization_window_seconds)
     limited_by = "Stabilized" if stabilized != recommendation else ""
     if stabilized > current_replicas:
         limited_value = _rate_limit(current_replicas, stabilized, now, history, behavior.scale_up, up=True)
