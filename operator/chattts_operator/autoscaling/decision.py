@@ -199,7 +199,7 @@ def learn_step_seconds(previous: float | None, samples: Sequence[FleetSample], l
 
 
 def shrink_headroom(level: float) -> float:
-    """Load a smaller fleet must still carry: the level plus 2 sigma of Poisson noise.
+    """Load a smaller fleet must still carry: the level plus 3 sigma of Poisson noise.
     Scale-downs that leave no room for ordinary noise are reversed minutes later."""
     return level + 3.0 * math.sqrt(max(level, 1.0))
 
@@ -250,7 +250,8 @@ def raw_recommendation(
         return needed, why, needed
     # Shrink only when the smaller fleet still carries the level plus its noise, and
     # never at the knee (wait near target): one replica less would push the wait over.
-    shrink_to = math.ceil(shrink_headroom(shrink_level) * (1.0 + spec.tolerance) / limit - 1e-9)
+    # Never below what growth would ask for at once (requests in flight now).
+    shrink_to = max(math.ceil(shrink_headroom(shrink_level) * (1.0 + spec.tolerance) / limit - 1e-9), needed)
     if shrink_to < current and ratio <= 1.0 - spec.tolerance:
         return shrink_to, why, max(needed, 1)
     return current, f"holding: {why}", max(needed, 1)
@@ -334,7 +335,7 @@ def decide(
 
     The reversal guard's rule: no scale-down within ``reversalGuard`` (10 min) of the last
     scale-up unless the replicas are idle (nothing running or waiting, no request in the
-    window). Scale-downs themselves leave 2 sigma of Poisson noise of room
+    window). Scale-downs themselves leave 3 sigma of Poisson noise of room
     (``shrink_headroom``) over the highest load of the down-stabilization window, so the
     load that follows a scale-down rarely asks for the replica back."""
     if current_replicas < 0:
