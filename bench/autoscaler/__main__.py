@@ -22,6 +22,7 @@ import numpy as np
 from chattts_operator.api.autoscaling import AutoscalingSpec, format_duration
 from bench.autoscaler import traces as trace_lib
 from chattts_operator.autoscaling import DemandHistory
+from bench.autoscaler.bar import bar_section
 from bench.autoscaler.fleet import FleetModel, flaps, minute_quantiles, reversals, simulate
 from bench.autoscaler.policies import Hpa, Keda, Operator
 
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         f"replica, paragraphs of speech (median 12 s of audio), cold start 90 s, evaluation every 15 s on a "
         f"60 s window. See bench/autoscaler/README.md.\n\n"
     )
-    (out_dir / "autoscaler-results.md").write_text(header + "\n\n".join(sections) + "\n")
+    (out_dir / "autoscaler-results.md").write_text(header + "\n\n".join(sections) + "\n\n" + bar_section(raw))
     (out_dir / "autoscaler-results.json").write_text(
         json.dumps({"seed": args.seed, "calibrations": raw}, indent=2, default=str) + "\n")
     print("\n\n".join(sections))
