@@ -210,7 +210,7 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.autoscaler", description=__doc__)
-    parser.add_argument("--traces", default="diurnal,bursts,ramp")
+    parser.add_argument("--traces", default=",".join(m.__name__ for m in trace_lib.ALL))
     parser.add_argument("--calibrations", default="anchor,reference,graph",
                         help="anchor: the H200 graph-replay step times; reference, graph: each engine measured "
                              "through the speech API")

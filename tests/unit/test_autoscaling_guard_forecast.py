@@ -225,3 +225,12 @@ def test_share_policy_metrics_follow_the_window_and_job_states():
     assert get("chattts_sharepolicy_offline_jobs", {"policy": "p-metrics", "state": "Running"}) is None
     SHARE_POLICIES.forget("p-metrics")
     assert get("chattts_sharepolicy_pool_mebibytes", {"policy": "p-metrics"}) is None
+
+
+def test_idle_replicas_with_few_slots_go_back_to_min():
+    """Noise room is that of the load itself: an idle fleet needs none, even when one
+    replica's load limit is a fraction of a request (2 slots at p99)."""
+    idle = [FleetSample(**{**s.__dict__, "slots_per_replica": 2.0}) for s in window(running=0.0, ready=3, observed=0.0)]
+    decision = decide(spec(maxReplicas=3, behavior={"scaleDown": {"stabilizationWindowSeconds": 15}}), 3, idle,
+                      History(last_scale_up=NOW - 30.0, step_seconds=0.01), NOW)
+    assert decision.desired_replicas == 1

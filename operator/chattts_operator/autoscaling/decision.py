@@ -201,7 +201,7 @@ def learn_step_seconds(previous: float | None, samples: Sequence[FleetSample], l
 def shrink_headroom(level: float) -> float:
     """Load a smaller fleet must still carry: the level plus 3 sigma of Poisson noise.
     Scale-downs that leave no room for ordinary noise are reversed minutes later."""
-    return level + 3.0 * math.sqrt(max(level, 1.0))
+    return level + 3.0 * math.sqrt(max(level, 0.0))
 
 
 def raw_recommendation(
