@@ -17,23 +17,29 @@ from __future__ import annotations
 import math
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling import FleetSample, History, decide
+from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide
 
 
 class Operator:
-    def __init__(self, spec: AutoscalingSpec, name: str = "operator"):
+    def __init__(self, spec: AutoscalingSpec, name: str = "operator", demand: DemandHistory | None = None):
         self.name = name
         self.spec = spec
         self.history = History()
         self.samples: list[FleetSample] = []
         self.decisions = []
+        self.floors: list[tuple[float, int | None]] = []
+        self.demand = demand if demand is not None else DemandHistory()
 
-    def evaluate(self, now: float, current_replicas: int, sample: FleetSample) -> int:
+    def evaluate(self, now: float, current_replicas: int, sample: FleetSample | None) -> int:
         horizon = max(self.spec.window_seconds, self.spec.staleness_seconds)
-        self.samples = [s for s in self.samples if now - s.time <= horizon] + [sample]
-        decision = decide(self.spec, current_replicas, self.samples, self.history, now)
+        # A dropped scrape adds nothing: the decision sees older samples go stale, as in the operator.
+        self.samples = [s for s in self.samples if now - s.time <= horizon] + ([sample] if sample else [])
+        floor = self.demand.floor(now, self.spec.forecast) if self.spec.forecast.enabled else None
+        decision = decide(self.spec, current_replicas, self.samples, self.history, now, floor=floor)
         self.history = decision.history
+        self.demand.record(now, decision.sized)
         self.decisions.append(decision)
+        self.floors.append((now, decision.forecast_floor))
         return decision.desired_replicas
 
 
@@ -57,7 +63,9 @@ class _HpaCore:
     def _raw(self, current: int, sample: FleetSample) -> int:
         raise NotImplementedError
 
-    def evaluate(self, now: float, current: int, sample: FleetSample) -> int:
+    def evaluate(self, now: float, current: int, sample: FleetSample | None) -> int:
+        if sample is None:
+            return current  # the HPA keeps the scale when its metric is unavailable
         ratio = self._usage_ratio(current, sample)
         raw = current if abs(ratio - 1.0) <= self.tolerance else self._raw(current, sample)
         self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= self.down_window]

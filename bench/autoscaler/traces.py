@@ -16,6 +16,8 @@ class Trace:
     rate: np.ndarray  # requests per second, one value per second
     arrivals: np.ndarray  # seconds, sorted
     frames: np.ndarray  # decode steps per request
+    # (start, end) seconds when the harness drops every scrape: the autoscalers see nothing new.
+    outages: tuple[tuple[float, float], ...] = ()
 
 
 def _arrivals(rate: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -86,4 +88,53 @@ def ramp(seed: int = 3, low: float = 2.0, high: float = 24.0, rate_scale: float 
     return Trace("ramp", "slow ramp up and down (4 h)", float(length), rate, arrivals, _frames(len(arrivals), rng))
 
 
-ALL = (diurnal, bursts, ramp)
+def _trace(name: str, title: str, rate: np.ndarray, rng: np.random.Generator, **extra) -> Trace:
+    arrivals = _arrivals(rate, rng)
+    return Trace(name, title, float(len(rate)), rate, arrivals, _frames(len(arrivals), rng), **extra)
+
+
+def crowd(seed: int = 4, base: float = 1.5, rate_scale: float = 1.0) -> Trace:
+    """Two hours at a low base; at 40 min a crowd arrives at 10x within a minute and stays 30 min."""
+    rng = np.random.default_rng(seed)
+    length = 2 * 3600
+    t = np.arange(length, dtype=float)
+    lift = np.clip((t - 2400.0) / 60.0, 0.0, 1.0) * (t < 4200.0)
+    rate = rate_scale * base * (1.0 + 9.0 * lift) * _smooth_noise(length, rng, 0.05)
+    return _trace("crowd", "sudden 10x crowd (2 h)", rate, rng)
+
+
+def square(seed: int = 5, low: float = 5.0, high: float = 14.0, period: int = 660, rate_scale: float = 1.0) -> Trace:
+    """Three hours of a square wave: 5.5 min high, 5.5 min low, just beyond the 300 s
+    scale-down stabilization window, the shape that makes a windowed autoscaler follow every edge."""
+    rng = np.random.default_rng(seed)
+    length = 3 * 3600
+    t = np.arange(length)
+    rate = rate_scale * np.where((t // (period // 2)) % 2 == 1, high, low) * _smooth_noise(length, rng, 0.05)
+    return _trace("square", "square wave, 11 min period (3 h)", rate, rng)
+
+
+def lull(seed: int = 6, busy: float = 18.0, quiet: float = 2.0, rate_scale: float = 1.0) -> Trace:
+    """Four hours: busy, a 40-minute lull at a ninth of the load, then a slow noisy recovery
+    over 90 minutes (the shape on which direction reversals pile up)."""
+    rng = np.random.default_rng(seed)
+    length = 4 * 3600
+    t = np.arange(length, dtype=float)
+    drop, back, recovered = 3600.0, 3600.0 + 2400.0, 3600.0 + 2400.0 + 5400.0
+    shape = np.where(t < drop, busy, np.where(t < back, quiet,
+                     np.where(t < recovered, quiet + (busy - quiet) * (t - back) / (recovered - back), busy)))
+    rate = rate_scale * shape * _smooth_noise(length, rng, 0.10)
+    return _trace("lull", "lull, then slow recovery (4 h)", rate, rng)
+
+
+def outage(seed: int = 8, base: float = 5.0, rate_scale: float = 1.0) -> Trace:
+    """Two hours with two bursts of 3x; the scrapes are dropped for 5 minutes in the middle
+    of the second (a Prometheus or network outage): what did the autoscalers do blind?"""
+    rng = np.random.default_rng(seed)
+    length = 2 * 3600
+    rate = np.full(length, base * rate_scale) * _smooth_noise(length, rng, 0.06)
+    rate[1200:2100] *= 3.0
+    rate[4200:5400] *= 3.0
+    return _trace("outage", "burst with a 5 min metrics outage (2 h)", rate, rng, outages=((4500.0, 4800.0),))
+
+
+ALL = (diurnal, bursts, ramp, crowd, square, lull, outage)

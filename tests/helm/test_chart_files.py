@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import yaml
 
@@ -49,38 +48,3 @@ def test_every_default_value_is_described_by_the_schema():
                 walk(child, node["properties"][key], f"{path}.{key}")
 
     walk(values, schema, "values")
-
-
-def _exposed_series_names(registry) -> set[str]:
-    """The series names a registry exposes, whether or not a labelled child exists yet."""
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
-                "gauge": ("",), "summary": ("", "_count", "_sum", "_created")}
-    return {family.name + suffix for family in registry.collect() for suffix in suffixes.get(family.type, ("",))}
-
-
-def test_dashboard_only_queries_metrics_the_code_exports():
-    from chattts_operator.core.metrics import REGISTRY as OPERATOR_REGISTRY
-    from chattts_runtime.metrics import RuntimeMetrics
-
-    known = _exposed_series_names(OPERATOR_REGISTRY) | _exposed_series_names(RuntimeMetrics().registry)
-    known.add("up")  # Prometheus' own per-target series
-    dashboard = json.loads((CHART / "files" / "dashboards" / "chattts.json").read_text())
-    expressions = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
-    expressions += [v["query"]["query"] for v in dashboard["templating"]["list"] if isinstance(v.get("query"), dict)]
-    assert expressions
-    used = set()
-    for expr in expressions:
-        # Series names: identifiers directly followed by a selector, a range or a closing parenthesis,
-        # minus PromQL functions and label names.
-        for name in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=[{\[)])", expr):
-            if name not in PROMQL_WORDS:
-                used.add(name)
-    assert used, expressions
-    assert used <= known, f"dashboard queries unknown metrics: {sorted(used - known)}"
-    # Every panel groups serving series by the label the PodMonitor adds.
-    podmonitor = (CHART / "templates" / "podmonitor.yaml").read_text()
-    assert "targetLabel: chattts_deployment" in podmonitor
-
-
-PROMQL_WORDS = {"sum", "rate", "count", "histogram_quantile", "label_values", "max", "min", "avg",
-                "namespace", "chattts_deployment", "le", "result", "status"}

@@ -18,7 +18,7 @@ def test_defaults_follow_the_hpa_and_the_issue():
     spec = AutoscalingSpec.model_validate({"enabled": True, "maxReplicas": 4})
     assert spec.target_seconds == pytest.approx(0.005)
     assert spec.window_seconds == 60 and spec.tolerance == 0.1 and spec.quantile == 0.99
-    assert spec.behavior.scale_down.stabilization_window_seconds == 300
+    assert spec.behavior.scale_down.stabilization_window_seconds == 360
     assert spec.behavior.scale_up.stabilization_window_seconds == 0
     assert [(p.type, p.value, p.period_seconds) for p in spec.behavior.scale_up.policies] == [
         ("Percent", 100, 15), ("Pods", 4, 15)]

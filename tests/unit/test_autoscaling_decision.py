@@ -172,13 +172,14 @@ def test_near_target_wait_blocks_scale_down():
     assert decision.desired_replicas == 6
 
 
-def test_shrink_needs_a_margin_over_the_tolerance_band():
-    # Demand 24.0 fits 3 replicas (24.5) but not with the 10% band (26.4): stay at 4.
+def test_shrink_needs_room_for_noise_and_the_tolerance_band():
+    # 3 replicas carry 24.5 in flight. Demand 20 fits, but not with 3 sigma of Poisson noise
+    # and the 10% band ((20 + 3 * sqrt(20)) * 1.1 = 36.8): stay at 4. Demand 11 leaves room (23.0).
     no_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
-                       steady(running=24.0, ready=4), History(), NOW)
+                       steady(running=20.0, ready=4), History(), NOW)
     assert no_margin.desired_replicas == 4
     with_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
-                         steady(running=20.0, ready=4), History(), NOW)
+                         steady(running=11.0, ready=4), History(), NOW)
     assert with_margin.desired_replicas == 3
 
 
@@ -233,9 +234,9 @@ def test_scale_down_stabilization_takes_the_highest_recent_recommendation():
     decision = decide(spec(), 6, samples, history, NOW)
     assert decision.desired_replicas == 6
     assert decision.limited_by == "Stabilized"
-    # 101 s later the 6 has left the 300 s window; the 5 has not.
-    later_samples = [FleetSample(**{**x.__dict__, "time": x.time + 101}) for x in samples]
-    later = decide(spec(), 6, later_samples, history, NOW + 101)
+    # 161 s later the 6 has left the 360 s window; the 5 has not.
+    later_samples = [FleetSample(**{**x.__dict__, "time": x.time + 161}) for x in samples]
+    later = decide(spec(), 6, later_samples, history, NOW + 161)
     assert later.desired_replicas == 5
 
 

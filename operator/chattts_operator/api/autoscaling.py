@@ -154,9 +154,11 @@ def _default_scale_up() -> ScalingRules:
 
 
 def _default_scale_down() -> ScalingRules:
-    # The HPA's defaults: 300 s stabilization, then any amount per 15 s.
+    # 360 s stabilization (HPA's is 300 s: a square wave of 5.5-minute halves then flaps, and
+    # 420 s scales down too late after a burst; bench/results/autoscaler-results.md), then
+    # any amount per 15 s.
     return ScalingRules(
-        stabilization_window_seconds=300,
+        stabilization_window_seconds=360,
         select_policy="Max",
         policies=[ScalingPolicy(type="Percent", value=100, period_seconds=15)],
     )
@@ -331,6 +333,31 @@ class BatchTokenTuning(_SpecModel):
         return self
 
 
+class ForecastSpec(_SpecModel):
+    """Forecast-aware minimums: the operator records, per minute, how many replicas the
+    load needed; ``period`` later (the same time the next day) it raises the floor to the
+    most the next ``lead`` needed, so replicas are Ready before a rise that repeats.
+    ``lead`` must cover a cold start (scheduling, weights, engine warm-up)."""
+
+    enabled: bool = Field(True, description="Raise the floor ahead of load that repeats every period.")
+    lead: str = Field("5m", pattern=DURATION_PATTERN,
+                      description="How far ahead of a predicted rise the floor rises (at least one cold start).")
+    period: str = Field("24h", pattern=DURATION_PATTERN, description="How often the load repeats (a day).")
+
+    @field_validator("lead", "period")
+    @classmethod
+    def _durations(cls, value: str, info) -> str:
+        return _validate_duration(value, info.field_name, minimum=60.0)
+
+    @property
+    def lead_seconds(self) -> float:
+        return parse_duration(self.lead)
+
+    @property
+    def period_seconds(self) -> float:
+        return parse_duration(self.period)
+
+
 class AutoscalingSpec(_SpecModel):
     """Autoscaling on scheduler_deadline_wait: the time from a request's arrival until the
     engine first runs it. When disabled, the scale subresource is left to HPA or KEDA."""
@@ -388,6 +415,15 @@ class AutoscalingSpec(_SpecModel):
     behavior: ScalingBehavior = Field(
         default_factory=ScalingBehavior, description="Stabilization windows and rate policies, HPA-style."
     )
+    reversal_guard: str = Field(
+        "10m",
+        pattern=DURATION_PATTERN,
+        description=(
+            "No scale-down within this long of a scale-up, unless the replicas are idle (nothing in "
+            "flight, no request in the window): a reversal this soon is flapping."
+        ),
+    )
+    forecast: ForecastSpec = Field(default_factory=ForecastSpec, description="Forecast-aware minimums.")
     metrics: MetricSource = Field(default_factory=MetricSource, description="Where the metric is read.")
     batch_token_tuning: BatchTokenTuning = Field(
         default_factory=BatchTokenTuning, description="Opt-in tuning of the engine's maxNumBatchedTokens (engine.kind vllm only; other engines have none)."
@@ -402,6 +438,15 @@ class AutoscalingSpec(_SpecModel):
     @classmethod
     def _window_min(cls, value: str) -> str:
         return _validate_duration(value, "window", minimum=1.0)
+
+    @field_validator("reversal_guard")
+    @classmethod
+    def _guard_valid(cls, value: str) -> str:
+        return _validate_duration(value, "reversalGuard")
+
+    @property
+    def reversal_guard_seconds(self) -> float:
+        return parse_duration(self.reversal_guard)
 
     @field_validator("staleness")
     @classmethod
@@ -492,6 +537,10 @@ class AutoscalingStatus(_StatusModel):
     current_metric: str | None = Field(None, description="Last fresh wait quantile, as a duration.")
     desired_replicas: int | None = Field(None, description="Replicas the autoscaler last asked for.")
     last_scale_time: str | None = Field(None, description="When replicas were last changed by the autoscaler.")
+    last_scale_up_time: str | None = Field(None, description="When replicas were last added (the reversal guard's clock).")
+    forecast_floor: int | None = Field(None, description="The forecast's floor at the last evaluation, if any.")
+    step_time: str | None = Field(
+        None, description="Learned engine step time near the load limit (the capacity signal's unit), as a duration.")
     last_evaluation_time: str | None = None
     decisions: list[ScalingDecisionRecord] = Field(
         default_factory=list, description=f"The last {MAX_DECISIONS_KEPT} decisions, newest last."
@@ -511,6 +560,7 @@ __all__ = [
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BatchTokenTuning",
+    "ForecastSpec",
     "BatchTokenTuningStatus",
     "DURATION_PATTERN",
     "MAX_DECISIONS_KEPT",

@@ -1,5 +1,7 @@
-"""Autoscaling on scheduler_deadline_wait, read top-down: decision.py (pure), signals.py (the
-metric readers), status.py, tuning.py, then controller.py (the loop and its I/O).
+"""Autoscaling on scheduler_deadline_wait, read top-down: decision.py (pure: the capacity
+signal, hysteresis, the reversal guard), forecast.py (pure: the per-minute demand record and
+its floor), signals.py (the metric readers), status.py, tuning.py, then controller.py (the
+loop and its I/O; it exports each decision through core.metrics).
 
 ``decide`` is pure (no I/O, time passed in); the readers in ``signals`` do the I/O and
 ``controller.Autoscaler`` wires them together.
@@ -12,5 +14,7 @@ from chattts_operator.autoscaling.decision import (
     per_replica_load_limit,
     raw_recommendation,
 )
+from chattts_operator.autoscaling.forecast import DemandHistory
 
-__all__ = ["Decision", "FleetSample", "History", "decide", "per_replica_load_limit", "raw_recommendation"]
+__all__ = ["DemandHistory", "Decision", "FleetSample", "History", "decide", "per_replica_load_limit",
+           "raw_recommendation"]

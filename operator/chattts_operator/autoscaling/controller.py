@@ -29,12 +29,13 @@ import contextlib
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration
 from chattts_operator.api.chattts import API_VERSION, KIND
 from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
 from chattts_operator.autoscaling.decision import Decision, FleetSample, History, decide
+from chattts_operator.autoscaling.forecast import DemandHistory
 from chattts_operator.autoscaling.signals import (
     MetricError,
     PodScrape,
@@ -46,6 +47,7 @@ from chattts_operator.autoscaling.signals import (
 from chattts_operator.autoscaling.status import history_from_status, next_status, status_patch, worth_writing
 from chattts_operator.autoscaling.tuning import TuningDecision, tune_batch_tokens
 from chattts_operator.core.kube import Kube, is_newer
+from chattts_operator.core.metrics import AUTOSCALER
 from chattts_operator.core.labels import AUTOSCALER_FIELD_MANAGER, METRICS_URL_ANNOTATION, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import deployment_name
@@ -102,6 +104,8 @@ class _ObjectState:
     scrapes: dict[str, list[PodScrape]] = field(default_factory=dict)
     samples: list[FleetSample] = field(default_factory=list)
     history: History | None = None
+    # Replicas the load needed per minute: the forecast floor's record (memory only).
+    demand: DemandHistory = field(default_factory=DemandHistory)
     # What this process last wrote: a watch event may trail our own writes (the scale write's
     # event carries the status from before our status write), so it must not undo them.
     last_status: AutoscalingStatus | None = None
@@ -153,7 +157,8 @@ class Autoscaler:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if deleted or not autoscaling_enabled(body) or meta.get("deletionTimestamp"):
-            self.bodies.pop(key, None)
+            if self.bodies.pop(key, None) is not None:
+                AUTOSCALER.forget(*key)
             self.states.pop(meta.get("uid", ""), None)
         elif is_newer(body, self.bodies.get(key)):
             self.bodies[key] = body
@@ -254,8 +259,14 @@ class Autoscaler:
         if previous is None and raw_status:
             previous = AutoscalingStatus.model_validate(raw_status)
         history = state.history if state.history is not None else history_from_status(previous)
-        decision = decide(auto, current, state.samples, history, now, replica_cap(body))
+        forecast = auto.forecast
+        floor = state.demand.floor(now, forecast) if forecast.enabled else None
+        decision = decide(auto, current, state.samples, history, now, replica_cap(body), floor=floor)
         state.history = decision.history
+        state.demand.record(now, decision.sized, keep=forecast.period_seconds + forecast.lead_seconds)
+        AUTOSCALER.observe(namespace, name, desired=decision.desired_replicas, current=current,
+                           sized=decision.sized, wait=decision.metric_value, target=auto.target_seconds,
+                           floor=decision.forecast_floor, reason=decision.reason, limited_by=decision.limited_by)
 
         scale_error = None
         if decision.desired_replicas != current:
@@ -263,7 +274,8 @@ class Autoscaler:
             if scale_error is None:
                 await self._post_event(body, current, decision)
             else:
-                state.history = History(decision.history.recommendations, history.scale_events)
+                state.history = replace(decision.history, scale_events=history.scale_events,
+                                        last_scale_up=history.last_scale_up)
 
         new_status = next_status(previous, decision, current, now, scale_error=scale_error)
         tuning = self._tune(body, auto, previous, decision, now)

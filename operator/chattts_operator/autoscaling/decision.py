@@ -29,7 +29,7 @@ still applies), and pods that did not answer block scale-down, never scale-up.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from chattts_operator.api.autoscaling import AutoscalingSpec, ScalingRules, format_duration
@@ -53,6 +53,9 @@ class FleetSample:
     requests_running: float | None = None
     requests_waiting: float | None = None
     slots_per_replica: float | None = None
+    # Frames generated per second across the Ready replicas over the window (the rate of
+    # the runtime's chattts_batch_size_sum): work served, whatever the batch size.
+    frames_per_second: float | None = None
 
     @property
     def demand(self) -> float | None:
@@ -73,6 +76,11 @@ class History:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     scale_events: tuple[tuple[float, int], ...] = ()
+    # The reversal guard's clock: when replicas were last added.
+    last_scale_up: float | None = None
+    # The capacity signal's unit: the engine's step time near the per-replica load limit,
+    # learned from running / frames-per-second while the replicas run that loaded.
+    step_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,10 +92,15 @@ class Decision:
     # False when the metric was missing/stale/NaN: the decision is a hold.
     metric_ok: bool
     # Why the result differs from the raw recommendation, if it does: "", "MinReplicas",
-    # "MaxReplicas", "GPUShare", "ScaleUpPolicy", "ScaleDownPolicy", "Stabilized".
+    # "MaxReplicas", "GPUShare", "ScaleUpPolicy", "ScaleDownPolicy", "Stabilized",
+    # "ReversalGuard", "ForecastFloor".
     limited_by: str
     raw_recommendation: int | None
     history: History = field(default_factory=History)
+    # How many replicas the load needs now (the sizing, before guards and clamps): what the
+    # forecast records per minute. None when the metric held.
+    sized: int | None = None
+    forecast_floor: int | None = None
 
 
 
@@ -128,15 +141,14 @@ def _fresh_samples(samples: Sequence[FleetSample], now: float, staleness: float)
     return [s for s in samples if now - staleness <= s.time <= now + 1.0]
 
 
-def fleet_demand(samples: Sequence[FleetSample]) -> tuple[float, float] | None:
-    """Requests in flight the fleet must carry, as a (low, high) pair of estimates.
+def _level(values: Sequence[float]) -> tuple[float, float] | None:
+    """A (low, high) estimate of a load level from its samples, oldest first.
 
     Gauges read at one instant are noisy (Poisson), so growth needs the window mean and
     the newest sample to agree (low = the smaller), and shrinking needs both to allow it
     (high = the larger). When the two newest samples both stand above the older ones by
     more than Poisson noise, a burst has begun: growth follows it at once (new replicas
     take minutes to start); one high sample alone is noise."""
-    values = [s.demand for s in samples if s.demand is not None]
     if not values:
         return None
     mean = sum(values) / len(values)
@@ -152,10 +164,51 @@ def fleet_demand(samples: Sequence[FleetSample]) -> tuple[float, float] | None:
     return min(mean, latest), max(mean, latest)
 
 
+def fleet_demand(samples: Sequence[FleetSample]) -> tuple[float, float] | None:
+    """Requests in flight the fleet must carry, as a (low, high) pair of estimates."""
+    return _level([s.demand for s in samples if s.demand is not None])
+
+
+def fleet_work(samples: Sequence[FleetSample], step_seconds: float | None) -> tuple[float, float] | None:
+    """The capacity signal: frames served per second times the step time near the load
+    limit, i.e. the requests in flight the fleet would hold if every replica ran at that
+    load. Unlike requests in flight it does not swing with the batch size: a request in
+    flight on a lightly loaded replica (short steps) counts for less than one on a busy
+    replica, in proportion to the frames it gets. None until the step time is learned."""
+    if step_seconds is None:
+        return None
+    values = [s.frames_per_second * step_seconds for s in samples if _finite(s.frames_per_second)]
+    return _level(values) if len(values) == len(samples) else None
+
+
+def learn_step_seconds(previous: float | None, samples: Sequence[FleetSample], limit: float) -> float | None:
+    """The step time near the load limit, from the window's running gauges and frame rate:
+    every running request gets one frame per step, so step = running / frames-per-second.
+    Learned only while the replicas run at least 3/4 of the limit (a step at batch 1 is
+    much shorter than one at 16 on some engines), smoothed over evaluations."""
+    usable = [s for s in samples if _finite(s.frames_per_second) and s.frames_per_second > 0
+              and s.requests_running is not None and s.ready_replicas > 0]
+    if not usable:
+        return previous
+    running = sum(s.requests_running for s in usable) / len(usable)
+    ready = sum(s.ready_replicas for s in usable) / len(usable)
+    if running / ready < 0.75 * limit:
+        return previous
+    observed = running / (sum(s.frames_per_second for s in usable) / len(usable))
+    return observed if previous is None else 0.8 * previous + 0.2 * observed
+
+
+def shrink_headroom(level: float) -> float:
+    """Load a smaller fleet must still carry: the level plus 3 sigma of Poisson noise.
+    Scale-downs that leave no room for ordinary noise are reversed minutes later."""
+    return level + 3.0 * math.sqrt(max(level, 0.0))
+
+
 def raw_recommendation(
-    spec: AutoscalingSpec, current: int, samples: Sequence[FleetSample]
-) -> tuple[int, str]:
-    """The unclamped replica count the metrics ask for, and the why.
+    spec: AutoscalingSpec, current: int, samples: Sequence[FleetSample], step_seconds: float | None = None
+) -> tuple[int, str, int | None]:
+    """The unclamped replica count the metrics ask for, the why, and the sizing alone
+    (what the load needs, None on the HPA fallback).
 
     ``samples`` are the fresh samples of the evaluation window, oldest first."""
     latest = samples[-1]
@@ -169,39 +222,47 @@ def raw_recommendation(
     if demand is None or not _finite(slots) or slots <= 0:
         # HPA semantics on the wait quantile.
         if abs(ratio - 1.0) <= spec.tolerance:
-            return current, f"wait {format_duration(wait)} within tolerance of target"
-        return math.ceil(current * ratio), f"wait {format_duration(wait)} vs target (HPA ratio {ratio:.2f})"
+            return current, f"wait {format_duration(wait)} within tolerance of target", None
+        return math.ceil(current * ratio), f"wait {format_duration(wait)} vs target (HPA ratio {ratio:.2f})", None
 
-    low, high = demand
     limit = per_replica_load_limit(slots, spec.quantile)
-    needed = math.ceil(low / limit - 1e-9)
-    why = f"{low:.1f}-{high:.1f} requests in flight, {limit:.1f} per replica keeps p{spec.quantile * 100:g} wait under target"
+    work = fleet_work(samples, step_seconds)
+    # Growth follows whichever signal asks for more (requests in flight react within one
+    # scrape; the frame rate is a window average); shrinking follows the capacity signal
+    # alone once it is known, since in-flight counts fall when a replica is added.
+    grow_level = max(demand[0], work[0]) if work else demand[0]
+    shrink_level = work[1] if work else demand[1]
+    needed = math.ceil(grow_level / limit - 1e-9)
+    unit = "load at the limit's step time" if work else "requests in flight"
+    why = (f"{grow_level:.1f}-{shrink_level:.1f} {unit}, {limit:.1f} per replica keeps "
+           f"p{spec.quantile * 100:g} wait under target")
     if above:
         # The sizing may be wrong (slots, routing): the backlog says what the Ready
         # replicas lack. Replicas still starting count as help on the way.
         ready = latest.ready_replicas
         running = latest.requests_running or 0.0
         backlog = math.ceil(ready * (latest.demand or 0.0) / running) if running > 0 and ready > 0 else current + 1
-        recommended = max(math.ceil(high / limit - 1e-9), backlog)
+        recommended = max(math.ceil(max(demand[1], shrink_level) / limit - 1e-9), backlog)
         if recommended <= current and ready >= current:
             recommended = current + 1
-        return max(recommended, current), f"wait {format_duration(wait)} above target; {why}"
+        return max(recommended, current), f"wait {format_duration(wait)} above target; {why}", max(needed, 1)
     if needed > current:
-        return needed, why
-    # Shrink only past a hysteresis band of `tolerance` extra demand, and never at the
-    # knee (wait near target): one replica less would push the wait over.
-    shrink_to = math.ceil(high * (1.0 + spec.tolerance) / limit - 1e-9)
+        return needed, why, needed
+    # Shrink only when the smaller fleet still carries the level plus its noise, and
+    # never at the knee (wait near target): one replica less would push the wait over.
+    # Never below what growth would ask for at once (requests in flight now).
+    shrink_to = max(math.ceil(shrink_headroom(shrink_level) * (1.0 + spec.tolerance) / limit - 1e-9), needed)
     if shrink_to < current and ratio <= 1.0 - spec.tolerance:
-        return shrink_to, why
-    return current, f"holding: {why}"
+        return shrink_to, why, max(needed, 1)
+    return current, f"holding: {why}", max(needed, 1)
 
 
 def _stabilize(
-    current: int, recommendation: int, now: float, history: History, up: ScalingRules, down: ScalingRules
+    current: int, recommendation: int, now: float, history: History, up: ScalingRules, down_seconds: float
 ) -> int:
     """HPA's stabilization: the lowest recommendation of the up window, the highest of the down window."""
     up_window = [r for t, r in history.recommendations if now - t <= up.stabilization_window_seconds]
-    down_window = [r for t, r in history.recommendations if now - t <= down.stabilization_window_seconds]
+    down_window = [r for t, r in history.recommendations if now - t <= down_seconds]
     up_recommendation = min(up_window + [recommendation])
     down_recommendation = max(down_window + [recommendation])
     result = current
@@ -244,11 +305,12 @@ def _rate_limit(current: int, desired: int, now: float, history: History, rules:
 
 def _prune(history: History, now: float, spec: AutoscalingSpec) -> History:
     behavior = spec.behavior
-    keep_recs = max(behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds)
+    keep_recs = max(behavior.scale_up.stabilization_window_seconds, spec.behavior.scale_down.stabilization_window_seconds)
     keep_events = max(
         [p.period_seconds for p in behavior.scale_up.policies + behavior.scale_down.policies] or [0]
     )
-    return History(
+    return replace(
+        history,
         recommendations=tuple((t, r) for t, r in history.recommendations if now - t <= keep_recs),
         scale_events=tuple((t, c) for t, c in history.scale_events if now - t < keep_events),
     )
@@ -261,25 +323,36 @@ def decide(
     history: History,
     now: float,
     cap: int | None = None,
+    floor: int | None = None,
 ) -> Decision:
     """Desired replicas for one evaluation.
 
     ``samples`` are the recent fleet samples, oldest first (the last is the newest);
-    ``cap`` is the most replicas the GPU rebalancing schedule allows now (None: no cap).
-    The returned history replaces the given one."""
+    ``cap`` is the most replicas the GPU rebalancing schedule allows now (None: no cap);
+    ``floor`` is the forecast's minimum (``forecast.DemandHistory.floor``; None: none),
+    bounded by maxReplicas and the cap like everything else.
+    The returned history replaces the given one.
+
+    The reversal guard's rule: no scale-down within ``reversalGuard`` (10 min) of the last
+    scale-up unless the replicas are idle (nothing running or waiting, no request in the
+    window). Scale-downs themselves leave 3 sigma of Poisson noise of room
+    (``shrink_headroom``) over the highest load of the down-stabilization window, so the
+    load that follows a scale-down rarely asks for the replica back."""
     if current_replicas < 0:
         raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
     if spec.max_replicas is None:
         raise ValueError("autoscaling.maxReplicas is required to decide")
     upper = spec.max_replicas if cap is None else min(spec.max_replicas, cap)
-    lower = min(spec.min_replicas, upper)
+    forecast_floor = min(floor, upper) if floor is not None and floor > spec.min_replicas else None
+    lower = min(max(spec.min_replicas, forecast_floor or 0), upper)
     history = _prune(history, now, spec)
 
     def clamp(value: int) -> tuple[int, str]:
         if value > upper:
             return upper, ("GPUShare" if cap is not None and cap < spec.max_replicas else "MaxReplicas")
         if value < lower:
-            return lower, "MinReplicas"
+            return lower, ("ForecastFloor" if forecast_floor is not None and lower > spec.min_replicas
+                           else "MinReplicas")
         return value, ""
 
     fresh = _fresh_samples(samples, now, spec.staleness_seconds)
@@ -308,18 +381,27 @@ def decide(
         return Decision(
             desired_replicas=held, reason=reason, message=message + "; holding replicas",
             metric_value=None, metric_ok=False, limited_by=limited, raw_recommendation=None,
-            history=_record(history, now, None, current_replicas, held),
+            history=_record(history, now, None, current_replicas, held), forecast_floor=forecast_floor,
         )
 
     assert latest is not None
     in_window = [s for s in fresh if now - s.time <= spec.window_seconds] or [latest]
-    recommendation, why = raw_recommendation(spec, current_replicas, in_window)
+    slots = latest.slots_per_replica
+    if _finite(slots) and slots > 0:
+        limit = per_replica_load_limit(slots, spec.quantile)
+        history = replace(history, step_seconds=learn_step_seconds(history.step_seconds, in_window, limit))
+    recommendation, why, sized = raw_recommendation(spec, current_replicas, in_window, history.step_seconds)
     if recommendation < current_replicas and latest.unreachable_replicas > 0:
         recommendation = current_replicas
         why += f"; {latest.unreachable_replicas} pod(s) did not answer: no scale-down"
+    elif (recommendation < current_replicas and now - in_window[0].time < spec.window_seconds / 2
+          and not _idle(in_window)):
+        recommendation = current_replicas  # a fresh start: the load of a partial window is no evidence to shrink
+        why += "; samples cover less than half the window: no scale-down"
 
     behavior = spec.behavior
-    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up, behavior.scale_down)
+    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up,
+                            spec.behavior.scale_down.stabilization_window_seconds)
     limited_by = "Stabilized" if stabilized != recommendation else ""
     if stabilized > current_replicas:
         limited_value = _rate_limit(current_replicas, stabilized, now, history, behavior.scale_up, up=True)
@@ -331,6 +413,12 @@ def decide(
             limited_by = "ScaleDownPolicy"
     else:
         limited_value = stabilized
+    guarded = history.last_scale_up is not None and now - history.last_scale_up < spec.reversal_guard_seconds
+    if limited_value < current_replicas and guarded and not _idle(in_window):
+        limited_value = current_replicas
+        limited_by = "ReversalGuard"
+        why += (f"; no scale-down within {spec.reversal_guard} of the scale-up "
+                f"{format_duration(now - history.last_scale_up)} ago")
     desired, clamp_reason = clamp(limited_value)
     limited_by = clamp_reason or limited_by
 
@@ -341,13 +429,22 @@ def decide(
     else:
         reason = "HoldStable"
     message = f"recommended {recommendation}: {why}"
-    if limited_by:
+    if limited_by == "ForecastFloor":
+        reason = "ScaleUpForecast" if desired > current_replicas else reason
+        message += f"; forecast floor {forecast_floor} (the load {spec.forecast.period} ago, {spec.forecast.lead} ahead)"
+    elif limited_by:
         message += f"; limited by {limited_by}"
     return Decision(
         desired_replicas=desired, reason=reason, message=message, metric_value=latest.wait_quantile,
         metric_ok=True, limited_by=limited_by, raw_recommendation=recommendation,
         history=_record(history, now, recommendation, current_replicas, desired),
+        sized=sized, forecast_floor=forecast_floor,
     )
+
+
+def _idle(samples: Sequence[FleetSample]) -> bool:
+    """Nothing running or waiting and no request seen in the window: the replicas are idle."""
+    return all(s.demand == 0 and s.observed_requests == 0 for s in samples)
 
 
 def _record(history: History, now: float, recommendation: int | None, current: int, desired: int) -> History:
@@ -357,4 +454,5 @@ def _record(history: History, now: float, recommendation: int | None, current: i
     events = history.scale_events
     if desired != current:
         events = events + ((now, desired - current),)
-    return History(recommendations=recommendations, scale_events=events)
+    last_up = now if desired > current else history.last_scale_up
+    return replace(history, recommendations=recommendations, scale_events=events, last_scale_up=last_up)

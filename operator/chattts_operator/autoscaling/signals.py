@@ -26,6 +26,8 @@ WAIT_HISTOGRAM = "vllm:scheduler_deadline_wait_seconds"
 # In order of preference: the runtime's own gauges, then vLLM's.
 RUNNING_GAUGES = ("chattts_requests_running", "vllm:num_requests_running")
 WAITING_GAUGES = ("chattts_requests_waiting", "vllm:num_requests_waiting")
+# Sequences per engine step, summed: the frames generated (the capacity signal's counter).
+FRAMES_SUM = "chattts_batch_size_sum"
 
 
 class MetricError(RuntimeError):
@@ -41,12 +43,14 @@ class PodScrape:
     count: float
     running: float | None
     waiting: float | None
+    frames: float | None = None  # cumulative frames generated (chattts_batch_size_sum)
 
 
 def parse_pod_metrics(text: str, time: float) -> PodScrape:
     """Parse a Prometheus text exposition; MetricError when the wait histogram is absent."""
     buckets: dict[float, float] = {}
     count = None
+    frames = None
     gauges: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(text))
@@ -60,6 +64,8 @@ def parse_pod_metrics(text: str, time: float) -> PodScrape:
                     buckets[bound] = buckets.get(bound, 0.0) + s.value
             elif s.name == WAIT_HISTOGRAM + "_count":
                 count = (count or 0.0) + s.value
+            elif s.name == FRAMES_SUM:
+                frames = (frames or 0.0) + s.value
             elif s.name in RUNNING_GAUGES or s.name in WAITING_GAUGES:
                 gauges[s.name] = gauges.get(s.name, 0.0) + s.value
     if not buckets:
@@ -68,7 +74,7 @@ def parse_pod_metrics(text: str, time: float) -> PodScrape:
         count = buckets.get(math.inf, max(buckets.values()))
     running = next((gauges[n] for n in RUNNING_GAUGES if n in gauges), None)
     waiting = next((gauges[n] for n in WAITING_GAUGES if n in gauges), None)
-    return PodScrape(time, tuple(sorted(buckets.items())), count, running, waiting)
+    return PodScrape(time, tuple(sorted(buckets.items())), count, running, waiting, frames)
 
 
 def histogram_quantile(quantile: float, buckets: Sequence[tuple[float, float]]) -> float:
@@ -119,6 +125,7 @@ def fleet_sample(
     with a single scrape add their gauges but no wait observations yet."""
     merged: dict[float, float] = {}
     have_window = False
+    frames_rate: float | None = 0.0
     running = waiting = 0.0
     gauges_known = True
     for scrapes in history.values():
@@ -133,6 +140,12 @@ def fleet_sample(
         base = next((s for s in scrapes if now - s.time <= window and s is not newest), None)
         if base is None:
             continue
+        if frames_rate is not None and base.frames is not None and newest.frames is not None and newest.time > base.time:
+            # A restart (the counter went down) counts from zero, as rate() does.
+            served = newest.frames - base.frames if newest.frames >= base.frames else newest.frames
+            frames_rate += served / (newest.time - base.time)
+        else:
+            frames_rate = None
         delta = _bucket_delta(base, newest)
         if delta is None:
             continue
@@ -155,6 +168,7 @@ def fleet_sample(
         requests_running=running if gauges_known and ready else None,
         requests_waiting=waiting if gauges_known and ready else None,
         slots_per_replica=slots_per_replica,
+        frames_per_second=frames_rate if have_window else None,
     )
 
 

@@ -2,6 +2,8 @@
 decision records, conditions, and whether a status write is worth making."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from chattts_operator.api.autoscaling import (
     MAX_DECISIONS_KEPT,
     AutoscalingCondition,
@@ -11,6 +13,7 @@ from chattts_operator.api.autoscaling import (
     ScalingDecisionRecord,
     format_duration,
     format_time,
+    parse_duration,
     parse_time,
 )
 from chattts_operator.autoscaling.decision import Decision, History
@@ -24,6 +27,8 @@ def history_from_status(status: AutoscalingStatus | None) -> History:
     return History(
         recommendations=tuple((parse_time(r.time), r.replicas) for r in status.recommendations),
         scale_events=tuple((parse_time(e.time), e.change) for e in status.scale_events),
+        last_scale_up=parse_time(status.last_scale_up_time) if status.last_scale_up_time else None,
+        step_seconds=parse_duration(status.step_time) if status.step_time else None,
     )
 
 
@@ -48,7 +53,9 @@ def next_status(
     scaled = applied and decision.desired_replicas != current_replicas
     history = decision.history
     if not applied and history.scale_events and history.scale_events[-1][0] == now:
-        history = History(history.recommendations, history.scale_events[:-1])  # the change did not happen
+        # The change did not happen.
+        before = history_from_status(previous)
+        history = replace(history, scale_events=history.scale_events[:-1], last_scale_up=before.last_scale_up)
 
     record = ScalingDecisionRecord(
         time=stamp,
@@ -81,6 +88,9 @@ def next_status(
         current_metric=format_duration(decision.metric_value) if decision.metric_value is not None else previous.current_metric,
         desired_replicas=decision.desired_replicas,
         last_scale_time=stamp if scaled else previous.last_scale_time,
+        last_scale_up_time=format_time(history.last_scale_up) if history.last_scale_up is not None else None,
+        forecast_floor=decision.forecast_floor,
+        step_time=format_duration(history.step_seconds) if history.step_seconds is not None else None,
         last_evaluation_time=stamp,
         decisions=decisions,
         recommendations=[RecommendationRecord(time=format_time(t), replicas=r) for t, r in history.recommendations],
@@ -100,6 +110,7 @@ def worth_writing(previous: AutoscalingStatus | None, new: AutoscalingStatus) ->
         return (
             s.desired_replicas,
             s.last_scale_time,
+            s.forecast_floor,
             [d.model_dump() for d in s.decisions],
             [(c.type, c.status, c.reason) for c in s.conditions],
             s.batch_token_tuning.model_dump() if s.batch_token_tuning else None,

@@ -1,6 +1,8 @@
 """The operator's own Prometheus metrics, served on ``/metrics`` (settings.metrics_port)."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -46,6 +48,107 @@ RESYNC_LAST_SUCCESS = Gauge(
     "When the periodic resync last completed a full pass.",
     registry=REGISTRY,
 )
+
+
+# --- the autoscaler, per ChatTTSDeployment -------------------------------------------------
+# Labels chattts_namespace / chattts_deployment: a plain "namespace" would collide with the
+# label Prometheus gives the operator's own target (it would become exported_namespace).
+_CTD = ["chattts_namespace", "chattts_deployment"]
+AUTOSCALER_DESIRED = Gauge("chattts_autoscaler_desired_replicas", "Replicas the autoscaler last asked for.",
+                           _CTD, registry=REGISTRY)
+AUTOSCALER_CURRENT = Gauge("chattts_autoscaler_current_replicas", "spec.replicas when the autoscaler last looked.",
+                           _CTD, registry=REGISTRY)
+AUTOSCALER_SIZED = Gauge("chattts_autoscaler_sized_replicas",
+                         "Replicas the load needs by the capacity signal, before guards and clamps.",
+                         _CTD, registry=REGISTRY)
+AUTOSCALER_SIGNAL = Gauge("chattts_autoscaler_wait_seconds",
+                          "The fleet's scheduler_deadline_wait quantile the last decision read (absent when held).",
+                          _CTD, registry=REGISTRY)
+AUTOSCALER_TARGET = Gauge("chattts_autoscaler_target_wait_seconds", "The wait quantile's target.",
+                          _CTD, registry=REGISTRY)
+AUTOSCALER_FLOOR = Gauge("chattts_autoscaler_forecast_floor_replicas",
+                         "The forecast's floor (0: no forecast yet or none above minReplicas).", _CTD, registry=REGISTRY)
+AUTOSCALER_DECISIONS = Counter("chattts_autoscaler_decisions_total",
+                               "Autoscaler decisions by reason (ScaleUp, ScaleDown, HoldStable, Hold*...) and limit.",
+                               _CTD + ["reason", "limited_by"], registry=REGISTRY)
+
+# --- share policies, per GPUSharePolicy ----------------------------------------------------
+SHARE_WINDOW = Gauge("chattts_sharepolicy_window_info", "1 for the window in force (\"default\" between windows).",
+                     ["policy", "window"], registry=REGISTRY)
+SHARE_RATIO = Gauge("chattts_sharepolicy_share_ratio", "The pool's share per class (online, offline) in force, 0-1.",
+                    ["policy", "class"], registry=REGISTRY)
+SHARE_POOL = Gauge("chattts_sharepolicy_pool_mebibytes", "GPU memory of the policy's pool.", ["policy"],
+                   registry=REGISTRY)
+SHARE_USED = Gauge("chattts_sharepolicy_used_mebibytes", "GPU memory of the pool its members ask for, per class.",
+                   ["policy", "class"], registry=REGISTRY)
+SHARE_JOBS = Gauge("chattts_sharepolicy_offline_jobs", "Offline Jobs of the policy by state (Running, Suspended, Waiting, Finished).",
+                   ["policy", "state"], registry=REGISTRY)
+
+
+class AutoscalerMetrics:
+    """Exports each decision; ``forget`` drops an object's series when it stops being autoscaled."""
+
+    def observe(self, namespace: str, name: str, *, desired: int, current: int, sized: int | None,
+                wait: float | None, target: float, floor: int | None, reason: str, limited_by: str) -> None:
+        AUTOSCALER_DESIRED.labels(namespace, name).set(desired)
+        AUTOSCALER_CURRENT.labels(namespace, name).set(current)
+        AUTOSCALER_TARGET.labels(namespace, name).set(target)
+        AUTOSCALER_FLOOR.labels(namespace, name).set(floor or 0)
+        if sized is not None:
+            AUTOSCALER_SIZED.labels(namespace, name).set(sized)
+        if wait is not None:
+            AUTOSCALER_SIGNAL.labels(namespace, name).set(wait)
+        else:
+            _remove(AUTOSCALER_SIGNAL, namespace, name)  # a held metric is unknown, not its last value
+        AUTOSCALER_DECISIONS.labels(namespace, name, reason, limited_by or "none").inc()
+
+    def forget(self, namespace: str, name: str) -> None:
+        for gauge in (AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_SIZED, AUTOSCALER_SIGNAL,
+                      AUTOSCALER_TARGET, AUTOSCALER_FLOOR):
+            _remove(gauge, namespace, name)
+        _remove_matching(AUTOSCALER_DECISIONS, (namespace, name))
+
+
+class SharePolicyMetrics:
+    """Exports a GPUSharePolicy's status (the dict the controller writes)."""
+
+    def observe(self, policy: str, status: dict, job_states: Iterable[str]) -> None:
+        """``job_states``: the plan's state of every offline Job (status lists only the first members)."""
+        self.forget(policy)  # windows and job states come and go: no stale series
+        SHARE_WINDOW.labels(policy, status.get("window") or "default").set(1)
+        for klass, share in (status.get("shares") or {}).items():
+            SHARE_RATIO.labels(policy, klass).set(share / 100.0)  # status says percent
+        SHARE_POOL.labels(policy).set((status.get("pool") or {}).get("gpuMemoryMiB") or 0)
+        used = status.get("used") or {}
+        SHARE_USED.labels(policy, "online").set(used.get("onlineMiB") or 0)
+        SHARE_USED.labels(policy, "offline").set(used.get("offlineMiB") or 0)
+        states: dict[str, int] = {}
+        for state in job_states:
+            states[state or "Unknown"] = states.get(state or "Unknown", 0) + 1
+        for state, count in states.items():
+            SHARE_JOBS.labels(policy, state).set(count)
+
+    def forget(self, policy: str) -> None:
+        for metric in (SHARE_WINDOW, SHARE_RATIO, SHARE_POOL, SHARE_USED, SHARE_JOBS):
+            _remove_matching(metric, (policy,))
+
+
+def _remove(metric, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass  # never set
+
+
+def _remove_matching(metric, prefix: tuple[str, ...]) -> None:
+    """Remove every child whose first label values are ``prefix``."""
+    for labels in list(metric._metrics):  # prometheus-client keeps children by label-value tuple
+        if labels[: len(prefix)] == prefix:
+            metric.remove(*labels)
+
+
+AUTOSCALER = AutoscalerMetrics()
+SHARE_POLICIES = SharePolicyMetrics()
 
 
 def serve(port: int, addr: str = "0.0.0.0"):

@@ -38,6 +38,7 @@ from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition
 from chattts_operator.core.kube import Kube
 from chattts_operator.core.labels import selector_string as serving_pod_selector
+from chattts_operator.core.metrics import SHARE_POLICIES
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import deployment_name
 from chattts_operator.deployment.gpu import GpuCodec
@@ -115,6 +116,7 @@ class SharePolicyController:
 
     async def policy_deleted(self, name: str) -> None:
         """A deleted policy releases its online members' caps."""
+        SHARE_POLICIES.forget(name)
         members = await self.kube.list_in(ONLINE_KIND, self.settings.watch_namespaces, f"{SHARE_POLICY_LABEL}={name}")
         for ctd in members:
             meta = ctd["metadata"]
@@ -236,6 +238,7 @@ class SharePolicyController:
 
         status = policy_status(the_plan, online, offline, previous, now, generation, done,
                                overlaps=overlapping_windows(spec, now), problems=problems)
+        SHARE_POLICIES.observe(name, status, the_plan.job_state.values())
         for event_type, reason, message in policy_events(the_plan, previous, done):
             await self.kube.post_event(policy, event_type, reason, message)
         if _status_differs(status, previous):
