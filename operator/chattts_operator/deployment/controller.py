@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
-from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
+from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, REPLICA_CAP_ANNOTATION, SHARE_POLICY_LABEL
 from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
@@ -63,6 +63,8 @@ CACHED_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "Ne
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued: bool = False
+    spec_version: tuple[Any, ...] | None = None  # (uid, generation) ``spec`` was parsed from
+    spec: ChatTTSDeploymentSpec | None = None
     desired_inputs: tuple[Any, ...] | None = None  # what ``desired`` was built from
     desired: Desired | None = None
 
@@ -216,7 +218,7 @@ class DeploymentController:
             return "deleting"  # owner references collect the children
         previous_status = body.get("status") or {}
         try:
-            spec = parse_spec(body)
+            spec = self._parsed_spec(key, body)
         except InvalidSpec as err:
             await self._write_invalid_status(body, previous_status, str(err))
             return "invalid"
@@ -276,16 +278,25 @@ class DeploymentController:
             return "applied"
         return "blocked" if not desired.rollout_allowed else "noop"
 
+    def _parsed_spec(self, key: Key, body: dict[str, Any]) -> ChatTTSDeploymentSpec:
+        """The validated spec, parsed once per generation (the spec changes only with it)."""
+        meta = body["metadata"]
+        slot = self._slots.setdefault(key, _Slot())
+        version = (meta.get("uid"), meta.get("generation"))
+        if slot.spec is None or slot.spec_version != version:
+            slot.spec, slot.spec_version = parse_spec(body), version
+        return slot.spec
+
     def _desired(self, key: Key, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
                  quantization: QuantizationPlan | None, largest_node_gpu_mib: int | None) -> Desired:
         """The desired state, rebuilt only when one of its inputs changed (building it renders
         and hashes every child: most of a reconcile's CPU before this cache)."""
         meta = body["metadata"]
         override = quantization.model_override if quantization is not None else None
-        inputs = (meta.get("uid"), meta.get("generation"), json.dumps(meta.get("labels"), sort_keys=True),
-                  json.dumps(meta.get("annotations"), sort_keys=True),
-                  json.dumps(((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning"),
-                             sort_keys=True),
+        tuning = ((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}
+        # Everything desired_state reads besides the spec (the generation stands for it).
+        inputs = (meta.get("uid"), meta.get("generation"), SHARE_POLICY_LABEL in (meta.get("labels") or {}),
+                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION), tuning.get("maxNumBatchedTokens"),
                   json.dumps(override, sort_keys=True), largest_node_gpu_mib)
         slot = self._slots.setdefault(key, _Slot())
         if slot.desired is not None and slot.desired_inputs == inputs:
