@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from chattts_operator.core import metrics
 from chattts_operator.core.kube import Kube, collection_path, is_newer
 
 log = logging.getLogger("chattts_operator.core.watch")
@@ -197,6 +198,7 @@ class ChildCache:
                 changed = self._objects[kind].pop((meta.get("namespace") or "", meta["name"]), None) is not None
             else:
                 changed = self._store(kind, obj)
+            metrics.CACHED_OBJECTS.set(self.size())
             if changed and self.on_change is not None:
                 self.on_change(kind, event_type, obj)
         return handle
@@ -217,6 +219,7 @@ class ChildCache:
                 if is_newer(obj, objects.get(key)):
                     objects[key] = obj
             self._synced[(kind, namespace)].set()
+            metrics.CACHED_OBJECTS.set(self.size())
         return handle
 
     async def _wait_synced(self, kind: str, namespace: str) -> bool:
