@@ -66,6 +66,10 @@ class ListWatch:
     async def _list(self) -> str:
         data = await self.kube.list_path(self.path, self.selector)
         items = data.get("items") or []
+        for item in items:
+            # A list's items carry neither; comparing with our manifests needs both.
+            item.setdefault("apiVersion", data.get("apiVersion"))
+            item.setdefault("kind", (data.get("kind") or "").removesuffix("List"))
         if self.on_list is not None:
             await self.on_list(items)
         else:
