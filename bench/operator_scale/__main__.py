@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="what `python -m` runs as the operator: chattts_operator, or an experiment variant "
                              "such as bench.operator_scale.variant_bounded")
     parser.add_argument("--profile", action="store_true", help="py-spy the operator during the create phases")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the bare writes (a confirming run of the later phases: no ratio then)")
     parser.add_argument("--cluster-name", default="opscale-bench")
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -86,7 +88,8 @@ async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, resu
         try:
             for i, n in enumerate(sizes):
                 largest = i == len(sizes) - 1
-                await phase(f"baseline_{n}", bench.baseline(n))
+                if not args.no_baseline:
+                    await phase(f"baseline_{n}", bench.baseline(n))
                 await phase(f"operator_{n}", bench.operator_create(n, keep=largest))
             managed = sizes[-1]
             interval = str(args.resync_interval)

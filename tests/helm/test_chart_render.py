@@ -176,8 +176,10 @@ def _verbs(objects, group: str, resource: str) -> list[list[str]]:
 @pytest.mark.parametrize("values", [None, {"watchNamespaces": ["tts-a"]}], ids=["cluster-wide", "namespaced"])
 def test_network_policies_and_secrets_get_exactly_the_verbs_they_need(helm: Helm, values):
     objects = helm.render(values)
-    # spec.networkPolicy: applied (get, create, patch) and deleted when the section goes.
-    assert _verbs(objects, "networking.k8s.io", "networkpolicies") == [["create", "delete", "get", "patch"]]
+    # spec.networkPolicy: applied (get, create, patch), read from a watch-fed cache (list, watch)
+    # and deleted when the section goes.
+    assert _verbs(objects, "networking.k8s.io", "networkpolicies") == [
+        ["create", "delete", "get", "list", "patch", "watch"]]
     # Secrets: nothing unless asked; then get alone (no list/watch), for spec.auth's existence check.
     assert _verbs(objects, "", "secrets") == []
     checked = helm.render({**(values or {}), "rbac": {"apiKeySecretCheck": True}})

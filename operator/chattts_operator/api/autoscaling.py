@@ -20,7 +20,7 @@ import math
 import re
 import string
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -85,6 +85,16 @@ def _validate_duration(value: str, field: str, *, minimum: float = 0.0) -> str:
     if seconds < minimum:
         raise ValueError(f"{field} must be at least {format_duration(minimum)}, got {value!r}")
     return value
+
+
+def min_duration_rule(field: str, minimum: float) -> dict[str, Any]:
+    """The CRD's twin of ``_validate_duration``: the API server refuses a duration shorter than
+    ``minimum`` seconds at apply time (CEL's duration() reads our forms: 5ms, 1m30s, 1.5h)."""
+    floor = format_duration(minimum)
+    return {"x-kubernetes-validations": [{
+        "rule": f"!self.matches(r'{DURATION_PATTERN}') || duration(self) >= duration('{floor}')",
+        "message": f"{field} must be at least {floor}",
+    }]}
 
 
 class _SpecModel(BaseModel):
@@ -179,7 +189,8 @@ class PodsMetricSource(_SpecModel):
     port: int = Field(8000, ge=1, le=65535, description="The pod port serving metrics.")
     path: str = Field("/metrics", pattern=r"^/", description="The HTTP path of the metrics endpoint.")
     scheme: Literal["http", "https"] = Field("http", description="http or https.")
-    timeout: str = Field("2s", pattern=DURATION_PATTERN, description="Per-pod scrape timeout.")
+    timeout: str = Field("2s", pattern=DURATION_PATTERN, description="Per-pod scrape timeout.",
+                         json_schema_extra=min_duration_rule("timeout", 0.001))
 
     @field_validator("timeout")
     @classmethod
@@ -223,7 +234,8 @@ class PrometheusMetricSource(_SpecModel):
             "window), $quantile, $selector (label matchers selecting this deployment's pods)."
         ),
     )
-    timeout: str = Field("5s", pattern=DURATION_PATTERN, description="Query timeout.")
+    timeout: str = Field("5s", pattern=DURATION_PATTERN, description="Query timeout.",
+                         json_schema_extra=min_duration_rule("timeout", 0.001))
 
     @field_validator("query")
     @classmethod
@@ -311,11 +323,13 @@ class BatchTokenTuning(_SpecModel):
     sustained_for: str = Field(
         "3m",
         pattern=DURATION_PATTERN,
+        json_schema_extra=min_duration_rule("sustainedFor", 1.0),
         description="Waits must stay above target this long (at max replicas) before a raise.",
     )
     quiet_period: str = Field(
         "15m",
         pattern=DURATION_PATTERN,
+        json_schema_extra=min_duration_rule("quietPeriod", 1.0),
         description="Waits must stay below half the target this long before a step back down.",
     )
 
@@ -388,6 +402,7 @@ class AutoscalingSpec(_SpecModel):
     target_scheduler_deadline_wait: str = Field(
         "5ms",
         pattern=DURATION_PATTERN,
+        json_schema_extra=min_duration_rule("targetSchedulerDeadlineWait", 0.0001),
         description=(
             "Target for the wait quantile across the fleet, a duration such as 5ms. Above it "
             "the engine is saturated and requests queue."
@@ -399,6 +414,7 @@ class AutoscalingSpec(_SpecModel):
     window: str = Field(
         "60s",
         pattern=DURATION_PATTERN,
+        json_schema_extra=min_duration_rule("window", 1.0),
         description="Evaluation window: the wait quantile and the load are computed over this span.",
     )
     tolerance: float = Field(
@@ -410,6 +426,7 @@ class AutoscalingSpec(_SpecModel):
     staleness: str = Field(
         "2m",
         pattern=DURATION_PATTERN,
+        json_schema_extra=min_duration_rule("staleness", 1.0),
         description="Samples older than this are ignored; with no fresh sample the replicas hold.",
     )
     behavior: ScalingBehavior = Field(

@@ -192,6 +192,9 @@ class ModelSpec(_SpecModel):
 
 # --- engine ---------------------------------------------------------------------------
 
+# The runtime's vLLM engine refuses it at start-up (engines/vllm_engine.py): pods that never get ready.
+SPECULATIVE_REFUSED = ("engine.speculativeConfig is not supported: ChatTTS samples every step's audio frame "
+                       "from the model, so drafted tokens have no frame; leave it unset")
 _MANAGED_FLAGS_CEL = "[" + ", ".join(f"'{flag}'" for flag in MANAGED_FLAGS_SORTED) + "]"
 _SETS_MANAGED_FLAG = f"{_MANAGED_FLAGS_CEL}.exists(f, a == f || a.startsWith(f + '='))"
 
@@ -221,6 +224,7 @@ class EngineSpec(_SpecModel):
                     "or engine.kind vllm for an 8-bit KV cache'",
                     "message": FP8_NEEDS_VLLM,
                 },
+                {"rule": "!has(self.speculativeConfig)", "message": SPECULATIVE_REFUSED},
             ]
         }
     )
@@ -248,7 +252,8 @@ class EngineSpec(_SpecModel):
     )
     enable_prefix_caching: bool = Field(False, description="Reuse KV of shared prompt prefixes.")
     speculative_config: dict[str, Any] | None = Field(
-        None, description="vLLM --speculative-config, as an object."
+        None, description="Not supported (refused): ChatTTS's multi-codebook frames cannot be drafted. Kept so "
+        "objects stored before the refusal still read."
     )
     rope_theta: float | None = Field(None, gt=0, description="RoPE base, passed through --hf-overrides.")
     disable_log_stats: bool = Field(False, description="Keep false when autoscaling on engine metrics.")
@@ -287,6 +292,8 @@ class EngineSpec(_SpecModel):
     def _batched_tokens(self) -> "EngineSpec":
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("engine.maxNumBatchedTokens must be at least engine.maxNumSeqs")
+        if self.speculative_config is not None:
+            raise ValueError(SPECULATIVE_REFUSED)
         return self
 
     @model_validator(mode="after")
@@ -351,8 +358,22 @@ class GpuSpec(_SpecModel):
 # --- the rest -------------------------------------------------------------------------
 
 
+# core/v1's own toleration rules (the API server would refuse the Deployment's pod template).
+_TOLERATION_RULES = (
+    ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+     "a toleration with operator Exists must not set value"),
+    ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+     "a toleration without key must use operator Exists (it then matches every taint)"),
+    ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+     "tolerationSeconds needs effect NoExecute"),
+)
+
+
 class Toleration(_SpecModel):
     """A pod toleration (as in core/v1)."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in _TOLERATION_RULES]})
 
     key: str | None = Field(None, max_length=253, description="Taint key; empty with Exists: every taint.")
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the default).")
@@ -361,6 +382,16 @@ class Toleration(_SpecModel):
         None, description="Taint effect; empty: all effects."
     )
     toleration_seconds: int | None = Field(None, description="With NoExecute: how long the pod stays bound.")
+
+    @model_validator(mode="after")
+    def _core_v1_rules(self) -> "Toleration":
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_RULES[0][1])
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_RULES[1][1])
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_RULES[2][1])
+        return self
 
 
 class ContainerResources(_SpecModel):

@@ -30,6 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api.chattts import GROUP, PLURAL, VERSION
 from chattts_operator.api.sharepolicy import PLURAL as SHARE_POLICY_PLURAL
+from chattts_operator.core import metrics
 from chattts_operator.core.events import event_manifest
 from chattts_operator.core.labels import FIELD_MANAGER
 
@@ -71,6 +72,17 @@ def collection_path(kind: str, namespace: str | None = None) -> str:
 def object_path(kind: str, namespace: str | None, name: str, subresource: str | None = None) -> str:
     path = f"{collection_path(kind, namespace)}/{name}"
     return f"{path}/{subresource}" if subresource else path
+
+
+def resource_of(path: str) -> str:
+    """The resource a request path names: /api/v1/namespaces/x/configmaps/y -> configmaps;
+    a subresource is appended (chattsdeployments/status)."""
+    parts = [p for p in path.split("/") if p]
+    parts = parts[2:] if parts[:1] == ["api"] else parts[3:]  # drop api/v1 or apis/<group>/<version>
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    resource = parts[0] if parts else ""
+    return f"{resource}/{parts[2]}" if len(parts) > 2 else resource
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -121,6 +133,7 @@ class Kube:
 
     async def _call(self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
                     content_type: str = "application/json", accept: str = "application/json") -> Any:
+        metrics.API_REQUESTS.labels(method, resource_of(path)).inc()
         async with self._in_flight:
             data, _status, _headers = await self.api.call_api(
                 path,

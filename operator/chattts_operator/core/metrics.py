@@ -43,6 +43,17 @@ BLOCKED_OBJECTS = Gauge(
     "ChatTTSDeployments whose latest spec cannot start (GPUCapacity=False).",
     registry=REGISTRY,
 )
+API_REQUESTS = Counter(
+    "chattts_operator_api_requests_total",
+    "Requests to the API server (watches not counted), by HTTP method and resource (e.g. GET configmaps).",
+    ["method", "resource"],
+    registry=REGISTRY,
+)
+CACHED_OBJECTS = Gauge(
+    "chattts_operator_cached_objects",
+    "Children and pods held by the watch-fed read cache (only what the operator manages).",
+    registry=REGISTRY,
+)
 RESYNC_LAST_SUCCESS = Gauge(
     "chattts_operator_resync_last_success_timestamp_seconds",
     "When the periodic resync last completed a full pass.",

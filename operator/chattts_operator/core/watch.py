@@ -1,4 +1,4 @@
-"""A list+watch of the Deployments the operator manages, filtered by the API server.
+"""List+watch filtered by the API server, and the read cache of the operator's children built on it.
 
 Why not kopf's ``@kopf.on.event('deployments', labels=...)``: kopf watches every Deployment
 in its scope and filters labels on the client, keeping per-object state even for objects
@@ -18,11 +18,13 @@ from typing import Any, Awaitable, Callable
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from chattts_operator.core.kube import Kube
+from chattts_operator.core import metrics
+from chattts_operator.core.kube import Kube, collection_path, is_newer
 
 log = logging.getLogger("chattts_operator.core.watch")
 
 EventHandler = Callable[[str, dict[str, Any]], Awaitable[None]]
+ListHandler = Callable[[list[dict[str, Any]]], Awaitable[None]]
 WATCH_TIMEOUT_SECONDS = 290  # the server ends a watch after this; we simply continue from the last version
 
 
@@ -31,11 +33,13 @@ class Gone(Exception):
 
 
 class ListWatch:
-    def __init__(self, kube: Kube, path: str, label_selector: str, on_event: EventHandler) -> None:
+    def __init__(self, kube: Kube, path: str, label_selector: str, on_event: EventHandler,
+                 on_list: ListHandler | None = None) -> None:
         self.kube = kube
         self.path = path  # a collection, e.g. /apis/apps/v1/namespaces/x/deployments
         self.selector = label_selector
         self.on_event = on_event
+        self.on_list = on_list  # given: the whole list at once (a cache replaces its snapshot)
         self.healthy = False
 
     async def run_forever(self) -> None:
@@ -61,8 +65,16 @@ class ListWatch:
 
     async def _list(self) -> str:
         data = await self.kube.list_path(self.path, self.selector)
-        for item in data.get("items") or []:
-            await self.on_event("LISTED", item)
+        items = data.get("items") or []
+        for item in items:
+            # A list's items carry neither; comparing with our manifests needs both.
+            item.setdefault("apiVersion", data.get("apiVersion"))
+            item.setdefault("kind", (data.get("kind") or "").removesuffix("List"))
+        if self.on_list is not None:
+            await self.on_list(items)
+        else:
+            for item in items:
+                await self.on_event("LISTED", item)
         self.healthy = True
         return data["metadata"]["resourceVersion"]
 
@@ -102,3 +114,133 @@ class ListWatch:
         finally:
             response.release()
         return resource_version
+
+
+# --- the read cache ---------------------------------------------------------------------------
+
+Key = tuple[str, str]  # (namespace, name)
+ChangeHandler = Callable[[str, str, dict[str, Any]], None]  # (kind, event type, object)
+SYNC_WAIT_SECONDS = 30.0  # a read before the first list completes waits this long, then asks the API server
+
+
+class ChildCache:
+    """Every object of ``kinds`` that carries ``label_selector``, kept current by one
+    label-selected list+watch per kind and watched namespace (all namespaces when none).
+
+    Reconciles read children and pods from here, so the API server sees reads only when a
+    watch (re)lists; an apply's answer is stored at once (``remember``), so the next read
+    sees our own write even before its watch event arrives. Objects older than what is
+    stored never replace it (a watch event may trail our apply). Memory grows with what the
+    operator manages, never with the cluster: the selector is applied by the API server,
+    and ``managedFields`` (often the largest part of an object) is dropped.
+    """
+
+    def __init__(self, kube: Kube, kinds: tuple[str, ...], namespaces: tuple[str, ...], label_selector: str,
+                 on_change: ChangeHandler | None = None) -> None:
+        self.kube = kube
+        self.kinds = kinds
+        self.namespaces = namespaces
+        self.selector = label_selector
+        self.on_change = on_change
+        self._objects: dict[str, dict[Key, dict[str, Any]]] = {kind: {} for kind in kinds}
+        self._synced: dict[tuple[str, str | None], asyncio.Event] = {
+            (kind, ns): asyncio.Event() for kind in kinds for ns in (namespaces or (None,))}
+        self.watches: list[ListWatch] = []
+
+    def start(self) -> list[asyncio.Task]:
+        tasks = []
+        for kind, namespace in self._synced:
+            watch = ListWatch(self.kube, collection_path(kind, namespace), self.selector,
+                              on_event=self._event_handler(kind), on_list=self._list_handler(kind, namespace))
+            self.watches.append(watch)
+            tasks.append(asyncio.create_task(watch.run_forever(), name=f"chattts-cache {kind} {namespace or '*'}"))
+        return tasks
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as last seen; a request only while its watch has never listed (start-up,
+        a namespace outside the watched ones)."""
+        if await self._wait_synced(kind, namespace):
+            return self._objects[kind].get((namespace, name))
+        return await self.kube.get(kind, namespace, name)
+
+    def items(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Cached objects of ``kind`` in ``namespace`` carrying all of ``labels`` (e.g. a
+        ChatTTSDeployment's pods), by name."""
+        found = [obj for (ns, _name), obj in self._objects[kind].items() if ns == namespace
+                 and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+        return sorted(found, key=lambda obj: obj["metadata"]["name"])
+
+    def size(self) -> int:
+        return sum(len(objects) for objects in self._objects.values())
+
+    # --- writes from the watch and from our own applies -----------------------------------
+
+    def remember(self, obj: dict[str, Any] | None) -> None:
+        """Store an apply's answer (the live object) unless a newer version is already here."""
+        if obj and obj.get("kind") in self._objects:
+            self._store(obj["kind"], _trimmed(obj))
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """We deleted it: no read may see it again (its DELETED event may come later)."""
+        if kind in self._objects:
+            self._objects[kind].pop((namespace, name), None)
+
+    def _store(self, kind: str, obj: dict[str, Any]) -> bool:
+        key = (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])
+        if not is_newer(obj, self._objects[kind].get(key)):
+            return False
+        self._objects[kind][key] = obj
+        return True
+
+    def _event_handler(self, kind: str) -> EventHandler:
+        async def handle(event_type: str, obj: dict[str, Any]) -> None:
+            obj = _trimmed({**obj, "kind": kind})
+            if event_type == "DELETED":
+                meta = obj["metadata"]
+                changed = self._objects[kind].pop((meta.get("namespace") or "", meta["name"]), None) is not None
+            else:
+                changed = self._store(kind, obj)
+            metrics.CACHED_OBJECTS.set(self.size())
+            if changed and self.on_change is not None:
+                self.on_change(kind, event_type, obj)
+        return handle
+
+    def _list_handler(self, kind: str, namespace: str | None) -> ListHandler:
+        async def handle(items: list[dict[str, Any]]) -> None:
+            listed = {(item["metadata"].get("namespace") or "", item["metadata"]["name"]): _trimmed({**item, "kind": kind})
+                      for item in items}
+            objects = self._objects[kind]
+            # The list is the truth for its scope: what vanished meanwhile is dropped, what our
+            # own applies stored since (newer than the list) is kept.
+            for key in [k for k in objects if namespace is None or k[0] == namespace]:
+                if key not in listed:
+                    gone = objects.pop(key)
+                    if self.on_change is not None:
+                        self.on_change(kind, "DELETED", gone)
+            for key, obj in listed.items():
+                if is_newer(obj, objects.get(key)):
+                    objects[key] = obj
+            self._synced[(kind, namespace)].set()
+            metrics.CACHED_OBJECTS.set(self.size())
+        return handle
+
+    async def _wait_synced(self, kind: str, namespace: str) -> bool:
+        event = self._synced.get((kind, None if not self.namespaces else namespace))
+        if event is None or not self.watches:
+            return False  # not a cached kind or namespace, or the cache was never started
+        if not event.is_set():
+            try:
+                await asyncio.wait_for(event.wait(), SYNC_WAIT_SECONDS)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+
+def _trimmed(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without managedFields (kilobytes each that no reader needs)."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}

@@ -1,15 +1,19 @@
 """The ChatTTSDeployment controller: the I/O around the pure decision in ``spec.py`` and ``status.py``.
 
 One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (create,
-update, resume, a change of its Deployment, the periodic resync):
+update, resume, a change of one of its children or pods, the periodic resync):
 
-1. build the desired children and the GPU plan from the object (pure);
-2. read each child and server-side apply only those that differ (missing, our intent hash
-   changed, or a field we own was edited by hand); delete our NetworkPolicy once
-   spec.networkPolicy is gone or disabled (nothing else collects it while the owner lives);
-3. compute status and patch it only when it differs.
+1. build the desired children and the GPU plan from the object (pure; kept per object and
+   rebuilt only when one of its inputs changes: generation, labels, annotations, the tuned
+   batch size, the quantized weights, the largest node GPU);
+2. read each child from the watch-fed cache (core/watch.py ``ChildCache``: no request) and
+   server-side apply only those that differ (missing, our intent hash changed, or a field we
+   own was edited by hand); delete our NetworkPolicy once spec.networkPolicy is gone or
+   disabled (nothing else collects it while the owner lives);
+3. compute status (with the pods' own reasons when replicas are not ready) and patch it
+   only when it differs.
 
-So a resync of an unchanged object makes no write at all. Reconciles of one object never
+So a resync of an unchanged object makes no request at all. Reconciles of one object never
 overlap (a lock per object) and pile-ups collapse: while one runs, any number of triggers
 for the same object become one follow-up run.
 """
@@ -26,14 +30,14 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
-from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, SHARE_POLICY_LABEL
+from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, REPLICA_CAP_ANNOTATION, SHARE_POLICY_LABEL
 from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
-from chattts_operator.core.kube import Kube, NodeGpuCache, collection_path, is_newer
-from chattts_operator.core.labels import MANAGED_SELECTOR, selector_string
+from chattts_operator.core.kube import Kube, NodeGpuCache, is_newer
+from chattts_operator.core.labels import LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
 from chattts_operator.core.settings import OperatorSettings
-from chattts_operator.core.watch import ListWatch
+from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import Owner, build_resource_claim_template, network_policy_name
 from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
@@ -65,16 +69,18 @@ Key = tuple[str, str]  # (namespace, name)
 # A dra object whose claims wait for the scheduler is looked at again this soon: nothing we
 # watch changes when a pod stays Pending, and status should carry the scheduler's reason.
 DRA_PENDING_RECHECK_SECONDS = 10.0
+# What the operator owns (all labelled MANAGED_SELECTOR), and the serving pods, cached by watches.
+CACHED_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Pod")
 
 
 @dataclass
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued: bool = False
-    # The newest Deployment seen (watch event or our own apply) and whether a run must read
-    # it again (it was deleted).
-    deployment: dict[str, Any] | None = None
-    deployment_gone: bool = False
+    spec_version: tuple[Any, ...] | None = None  # (uid, generation) ``spec`` was parsed from
+    spec: ChatTTSDeploymentSpec | None = None
+    desired_inputs: tuple[Any, ...] | None = None  # what ``desired`` was built from
+    desired: Desired | None = None
 
 
 class DeploymentController:
@@ -89,22 +95,23 @@ class DeploymentController:
         self.last_resync: float | None = None
         self.started_at = time.time()
         self._tasks: list[asyncio.Task] = []
-        self._pending: set[asyncio.Task] = set()  # reconciles started by Deployment events
         self._rechecks: dict[Key, asyncio.Task] = {}  # dra objects waiting for an allocation
+        self._pending: set[asyncio.Task] = set()  # reconciles started by child and pod events
+        self.cache = ChildCache(kube, CACHED_KINDS, tuple(settings.watch_namespaces), MANAGED_SELECTOR,
+                                on_change=self._child_changed)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self, namespaces: tuple[str, ...]) -> None:
         """The resync loop (a task, not a kopf timer: kopf timers need a finalizer on every
-        object, and we want none: owner references collect the children), and a list+watch
-        of the Deployments we manage per watched namespace (core/watch.py: a server-side
-        label selector, not kopf's client-side one)."""
+        object, and we want none: owner references collect the children), and the cache's
+        list+watch of every child kind and of the pods per watched namespace (core/watch.py:
+        a server-side label selector, not kopf's client-side one)."""
         self.started_at = time.time()
         self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
-        paths = [collection_path("Deployment", ns) for ns in namespaces] or [collection_path("Deployment")]
-        for path in paths:
-            watch = ListWatch(self.kube, path, MANAGED_SELECTOR, self._deployment_event)
-            self._tasks.append(asyncio.create_task(watch.run_forever(), name=f"chattts-watch {path}"))
+        self.cache = ChildCache(self.kube, CACHED_KINDS, tuple(namespaces), MANAGED_SELECTOR,
+                                on_change=self._child_changed)
+        self._tasks += self.cache.start()
 
     async def stop(self) -> None:
         for task in list(self._rechecks.values()):
@@ -126,26 +133,26 @@ class DeploymentController:
             raise RuntimeError(f"no resync pass for {age:.0f}s")
         return round(age, 1)
 
-    async def _deployment_event(self, kind: str, obj: dict[str, Any]) -> None:
-        """Reconcile the owner of a changed Deployment in its own task (the watch keeps
-        reading); reconcile_key collapses bursts for one object into one run."""
-        key = owner_key(obj)
-        if key is None or kind == "LISTED":
-            return  # listed Deployments are covered by the resume of their owners
-        task = asyncio.create_task(self._reconcile_owner(key, kind, obj))
+    def _child_changed(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        """A child or pod changed (someone else's write, a pod's progress, the echo of our own
+        apply): reconcile its owner in its own task (the watch keeps reading); reconcile_key
+        collapses bursts for one object into one run, and a run reads only the cache."""
+        key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
+        if key is None or key not in self.bodies:
+            return  # not ours, or its owner is not known yet (its create/resume reconciles it)
+        trigger = kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted"
+        task = asyncio.create_task(self._reconcile_owner(key, trigger))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _reconcile_owner(self, key: Key, kind: str, obj: dict[str, Any]) -> None:
-        deleted = kind == "DELETED"
+    async def _reconcile_owner(self, key: Key, trigger: str) -> None:
         try:
-            await self.reconcile_key(key, "deployment-deleted" if deleted else "deployment",
-                                     live_deployment=None if deleted else obj, deployment_deleted=deleted)
+            await self.reconcile_key(key, trigger)
         except ApiException as err:
-            log.warning("reconcile of %s/%s after a Deployment event failed: %s %s (the resync will retry)",
-                        *key, err.status, err.reason)
+            log.warning("reconcile of %s/%s after a %s event failed: %s %s (the resync will retry)",
+                        *key, trigger, err.status, err.reason)
         except Exception:  # noqa: BLE001 - never lose the watch over one object
-            log.exception("reconcile of %s/%s after a Deployment event failed", *key)
+            log.exception("reconcile of %s/%s after a %s event failed", *key, trigger)
 
     # --- bookkeeping from the watch ---------------------------------------------------------
 
@@ -171,17 +178,12 @@ class DeploymentController:
         async with slot.lock:
             return await self._reconcile_timed(self.bodies.get(key, body), trigger)
 
-    async def reconcile_key(self, key: Key, trigger: str, live_deployment: dict[str, Any] | None = None,
-                            deployment_deleted: bool = False) -> str | None:
+    async def reconcile_key(self, key: Key, trigger: str) -> str | None:
         """Reconcile the object last seen under ``key``. While a run is waiting for the lock,
-        further triggers only update what it will read (the newest Deployment) and return."""
+        further triggers return at once: the waiting run reads the newest of everything."""
         if key not in self.bodies:
             return None
         slot = self._slots.setdefault(key, _Slot())
-        if deployment_deleted:
-            slot.deployment, slot.deployment_gone = None, True
-        elif live_deployment is not None and is_newer(live_deployment, slot.deployment):
-            slot.deployment, slot.deployment_gone = live_deployment, False
         if slot.queued:
             return "coalesced"
         slot.queued = True
@@ -190,9 +192,7 @@ class DeploymentController:
             body = self.bodies.get(key)
             if body is None:
                 return None
-            live = None if slot.deployment_gone else slot.deployment if trigger == "deployment" else None
-            slot.deployment_gone = False
-            return await self._reconcile_timed(body, trigger, live_deployment=live)
+            return await self._reconcile_timed(body, trigger)
 
     async def resync_once(self) -> None:
         semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
@@ -216,10 +216,10 @@ class DeploymentController:
 
     # --- the reconcile ------------------------------------------------------------------------
 
-    async def _reconcile_timed(self, body: dict[str, Any], trigger: str, **kwargs: Any) -> str:
+    async def _reconcile_timed(self, body: dict[str, Any], trigger: str) -> str:
         started = time.perf_counter()
         try:
-            result = await self._reconcile(body, trigger, **kwargs)
+            result = await self._reconcile(body)
         except Exception as err:
             metrics.RECONCILES.labels(trigger, "error").inc()
             metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
@@ -229,42 +229,25 @@ class DeploymentController:
         metrics.RECONCILES.labels(trigger, result).inc()
         return result
 
-    async def _reconcile(self, body: dict[str, Any], trigger: str,
-                         live_deployment: dict[str, Any] | None = None) -> str:
+    async def _reconcile(self, body: dict[str, Any]) -> str:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if meta.get("deletionTimestamp"):
             return "deleting"  # owner references collect the children
         previous_status = body.get("status") or {}
         try:
-            spec = parse_spec(body)
+            spec = self._parsed_spec(key, body)
         except InvalidSpec as err:
             await self._write_invalid_status(body, previous_status, str(err))
             return "invalid"
-
-        if spec.priority_class_name is None and SHARE_POLICY_LABEL in (meta.get("labels") or {}):
-            # A GPUSharePolicy member serves in the online class: its pods may preempt offline work.
-            spec = spec.model_copy(update={"priority_class_name": ONLINE_PRIORITY_CLASS})
         # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
         quantization = await self._reconcile_quantization(body, spec, previous_status)
-        if quantization is not None and quantization.model_override is not None:
-            spec = spec.model_copy(update={"model": ModelSpec.model_validate(quantization.model_override)})
-        desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=await self.nodes.largest_gpu_mib())
-        # A Deployment event refreshes status from the Deployment it carries, and nothing else
-        # is read. When that Deployment needs an apply (a new generation not reconciled yet, a
-        # hand edit), run the whole reconcile instead: the ConfigMap goes first, or the new pods
-        # would start on the old config.
-        deployment_only = (trigger == "deployment" and live_deployment is not None
-                           and desired.deployment is not None and not needs_apply(desired.deployment, live_deployment))
+        desired = self._desired(key, body, spec, quantization, await self.nodes.largest_gpu_mib())
         observed = Observed(live_deployment=None)
         applied_any = False
         for child in desired.children():
             kind = child["kind"]
-            if deployment_only and kind != "Deployment":
-                continue
-            live = live_deployment if kind == "Deployment" and live_deployment is not None else None
-            if live is None:
-                live = await self.kube.get(kind, child["metadata"]["namespace"], child["metadata"]["name"])
+            live = await self.cache.get(kind, child["metadata"]["namespace"], child["metadata"]["name"])
             if needs_apply(child, live):
                 try:
                     live = await self.kube.apply(child)
@@ -277,14 +260,13 @@ class DeploymentController:
                                             f"{_api_message(err)}")
                     log.warning("%s/%s: %s", *key, observed.apply_error)
                     break
+                self.cache.remember(live)
                 metrics.CHILD_WRITES.labels(kind).inc()
                 applied_any = True
             if kind == "Deployment":
                 observed.live_deployment = live
-                # Only a run that checked every child may declare this generation applied.
-                observed.deployment_applied = not deployment_only
-                self._remember_deployment(key, live)
-        if desired.network_policy is None and not deployment_only and await self._prune_network_policy(desired.owner):
+                observed.deployment_applied = True
+        if desired.network_policy is None and await self._prune_network_policy(desired.owner):
             applied_any = True
         if await self._reconcile_claims(desired, previous_status, observed):
             applied_any = True
@@ -293,12 +275,12 @@ class DeploymentController:
                                                                    desired.spec.auth.secret_name)
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
-            observed.live_deployment = live_deployment or await self.kube.get(
-                "Deployment", desired.owner.namespace, desired.owner.name)
+            observed.live_deployment = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
             self.blocked.add(key)
         else:
             self.blocked.discard(key)
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
+        observed.pods = self.cache.items("Pod", desired.owner.namespace, selector_labels(desired.owner.name))
 
         if observed.dra is not None and observed.dra["allocatedClaims"] < observed.dra["claims"]:
             self._recheck_later(key)
@@ -318,11 +300,45 @@ class DeploymentController:
             return "applied"
         return "blocked" if not desired.rollout_allowed else "noop"
 
+    def _parsed_spec(self, key: Key, body: dict[str, Any]) -> ChatTTSDeploymentSpec:
+        """The validated spec, parsed once per generation (the spec changes only with it)."""
+        meta = body["metadata"]
+        slot = self._slots.setdefault(key, _Slot())
+        version = (meta.get("uid"), meta.get("generation"))
+        if slot.spec is None or slot.spec_version != version:
+            slot.spec, slot.spec_version = parse_spec(body), version
+        return slot.spec
+
+    def _desired(self, key: Key, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
+                 quantization: QuantizationPlan | None, largest_node_gpu_mib: int | None) -> Desired:
+        """The desired state, rebuilt only when one of its inputs changed (building it renders
+        and hashes every child: most of a reconcile's CPU before this cache)."""
+        meta = body["metadata"]
+        override = quantization.model_override if quantization is not None else None
+        tuning = ((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}
+        # Everything desired_state reads besides the spec (the generation stands for it).
+        inputs = (meta.get("uid"), meta.get("generation"), SHARE_POLICY_LABEL in (meta.get("labels") or {}),
+                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION), tuning.get("maxNumBatchedTokens"),
+                  json.dumps(override, sort_keys=True), largest_node_gpu_mib)
+        slot = self._slots.setdefault(key, _Slot())
+        if slot.desired is not None and slot.desired_inputs == inputs:
+            return slot.desired
+        if spec.priority_class_name is None and SHARE_POLICY_LABEL in (meta.get("labels") or {}):
+            # A GPUSharePolicy member serves in the online class: its pods may preempt offline work.
+            spec = spec.model_copy(update={"priority_class_name": ONLINE_PRIORITY_CLASS})
+        if override is not None:
+            spec = spec.model_copy(update={"model": ModelSpec.model_validate(override)})
+        slot.desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=largest_node_gpu_mib)
+        slot.desired_inputs = inputs
+        return slot.desired
+
     async def _reconcile_quantization(self, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
                                       previous_status: dict[str, Any]) -> QuantizationPlan | None:
         """Create the quantization Job once, delete Jobs of an older spec, and decide which
         weights the pods mount. None when quantization was never asked for."""
         meta = body["metadata"]
+        if spec.quantization is None and previous_status.get("quantization") is None:
+            return None  # never asked for (status records it while a Job may exist): no Jobs LIST
         jobs = await self.kube.list_namespaced("Job", meta["namespace"], job_selector(meta["name"]))
         if spec.quantization is None and not jobs and previous_status.get("quantization") is None:
             return None
@@ -403,7 +419,7 @@ class DeploymentController:
         ready = int(((observed.live_deployment or {}).get("status") or {}).get("readyReplicas") or 0)
         if dra_now and (observed.dra["allocatedClaims"] < observed.dra["claims"] or ready < desired.replicas):
             observed.unschedulable = unschedulable_message(
-                await self.kube.list_namespaced("Pod", owner.namespace, selector))
+                self.cache.items("Pod", owner.namespace, selector_labels(owner.name)))
         return pruned
 
     def _recheck_later(self, key: Key) -> None:
@@ -423,12 +439,13 @@ class DeploymentController:
 
     async def _prune_network_policy(self, owner: Owner) -> bool:
         """Delete the NetworkPolicy this object made before, now that none is wanted (a read
-        only, when there is none). True when one was deleted."""
-        live = await self.kube.get("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
+        from the cache, when there is none). True when one was deleted."""
+        live = await self.cache.get("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
         refs = (live or {}).get("metadata", {}).get("ownerReferences") or []
         if not any(ref.get("uid") == owner.uid for ref in refs):
             return False  # none, or not ours: leave it alone
         await self.kube.delete("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
+        self.cache.forget("NetworkPolicy", owner.namespace, network_policy_name(owner.name))
         metrics.CHILD_WRITES.labels("NetworkPolicy").inc()
         return True
 
@@ -444,11 +461,6 @@ class DeploymentController:
                 raise
             return SECRET_UNCHECKED
         return SECRET_FOUND if found is not None else SECRET_MISSING
-
-    def _remember_deployment(self, key: Key, live: dict[str, Any] | None) -> None:
-        slot = self._slots.get(key)
-        if slot is not None and live is not None and is_newer(live, slot.deployment):
-            slot.deployment = live
 
     async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         meta = body["metadata"]
@@ -488,11 +500,19 @@ def _api_message(err: ApiException) -> str:
     return str(body.get("message") or err.reason)
 
 
-def owner_key(deployment: dict[str, Any]) -> Key | None:
-    """The ChatTTSDeployment controlling a Deployment, from its owner reference."""
-    meta = deployment.get("metadata") or {}
+def owner_key(child: dict[str, Any]) -> Key | None:
+    """The ChatTTSDeployment controlling a child, from its owner reference."""
+    meta = child.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(API_VERSION.split("/")[0]) \
                 and ref.get("controller"):
             return meta.get("namespace"), ref.get("name")
     return None
+
+
+def pod_owner_key(pod: dict[str, Any]) -> Key | None:
+    """The ChatTTSDeployment whose serving pod this is (its ReplicaSet owns it; the instance
+    label names the ChatTTSDeployment)."""
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+    return (meta.get("namespace"), name) if name else None

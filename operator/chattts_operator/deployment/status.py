@@ -2,11 +2,12 @@
 previous status, now) -> the status fields this operator owns; which transitions are Events."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.core.labels import selector_string
+from chattts_operator.deployment.pods import PodProblem, pod_problems, summary
 from chattts_operator.deployment.spec import Desired
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated")
@@ -27,6 +28,7 @@ class Observed:
     api_keys_secret: str | None = None  # SECRET_*; None: spec.auth is unset
     dra: dict[str, Any] | None = None  # dra profile: status.gpu.dra (gpu.dra_allocation_status)
     unschedulable: str | None = None  # dra profile: the scheduler's word on a serving pod that waits
+    pods: list[dict[str, Any]] = field(default_factory=list)  # the serving pods (from the cache)
 
 
 def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
@@ -109,6 +111,14 @@ def _rollout(dep: dict[str, Any]) -> tuple[bool, str]:
     return True, f"{wanted} replicas up to date"
 
 
+def _stuck_pods(observed: Observed, dep: dict[str, Any], wanted: int) -> list[PodProblem]:
+    """The pods' own reasons, while the rollout is not complete or replicas are missing."""
+    complete, _ = _rollout(dep)
+    if complete and _deployment_numbers(dep)["readyReplicas"] >= wanted:
+        return []
+    return pod_problems(observed.pods)
+
+
 def _deployment_failure(dep: dict[str, Any]) -> str | None:
     for cond in (dep.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
@@ -159,6 +169,10 @@ def compute_status(
         applied_generation = previous.get("appliedGeneration")
         applied_hash = previous.get("configHash", "")
 
+    wanted = int((dep or {}).get("spec", {}).get("replicas", desired.replicas)) if dep else desired.replicas
+    stuck = _stuck_pods(observed, dep, wanted) if dep is not None and not blocked and not observed.apply_error else []
+    why = summary(stuck)
+
     capacity_message = cap.message + "".join(f"; warning: {w}" for w in cap.warnings)
     conditions = [condition("GPUCapacity", cap.fits, cap.reason, capacity_message, generation=gen)]
 
@@ -173,7 +187,9 @@ def compute_status(
         progressing = condition("Progressing", True, "Creating", "creating the Deployment", generation=gen)
     else:
         complete, message = _rollout(dep)
-        progressing = condition("Progressing", not complete, "RollingOut" if not complete else "Complete", message, generation=gen)
+        reason = "Complete" if complete else stuck[0].reason if stuck else "RollingOut"
+        progressing = condition("Progressing", not complete, reason,
+                                f"{message}; {why}" if stuck and not complete else message, generation=gen)
     conditions.append(progressing)
 
     api_keys = _api_keys_condition(desired, observed, gen)
@@ -190,6 +206,8 @@ def compute_status(
                               f"spec generation {gen} is not rolled out: {cap.message}", generation=gen)
     elif observed.apply_error:
         degraded = condition("Degraded", True, "ApplyFailed", observed.apply_error, generation=gen)
+    elif stuck:
+        degraded = condition("Degraded", True, stuck[0].reason, why, generation=gen)
     elif failure:
         degraded = condition("Degraded", True, failure.split(":", 1)[0], failure, generation=gen)
     elif api_keys is not None and api_keys["status"] == "False":
@@ -199,7 +217,6 @@ def compute_status(
     conditions.append(degraded)
 
     # Ready: as many ready pods as wanted (counting from the live Deployment).
-    wanted = int((dep or {}).get("spec", {}).get("replicas", desired.replicas)) if dep else desired.replicas
     ready_n = numbers["readyReplicas"]
     if dep is None:
         ready = condition("Ready", False, "Creating" if not blocked else cap.reason, "no Deployment yet", generation=gen)
@@ -207,13 +224,17 @@ def compute_status(
         ready = condition("Ready", False, "ScaledToZero", "0 replicas wanted", generation=gen)
     elif ready_n >= wanted:
         ready = condition("Ready", True, "AllReplicasReady", f"{ready_n}/{wanted} replicas ready", generation=gen)
+    elif stuck:
+        ready = condition("Ready", False, stuck[0].reason, f"{ready_n}/{wanted} replicas ready; {why}", generation=gen)
     else:
         ready = condition("Ready", False, "ReplicasNotReady", f"{ready_n}/{wanted} replicas ready", generation=gen)
     conditions.insert(0, ready)
     conditions = merge_conditions(previous.get("conditions") or [], conditions, now)
 
     by_type = {c["type"]: c["status"] for c in conditions}
-    if by_type["Degraded"] == "True":
+    if by_type["Degraded"] == "True" and stuck:
+        phase = stuck[0].phase  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, ...
+    elif by_type["Degraded"] == "True":
         phase = "Degraded" if dep is not None else "Unsatisfiable" if blocked else "Failed"
     elif by_type["Progressing"] == "True":
         phase = "Progressing"

@@ -61,14 +61,14 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/finalizers"]
   verbs: ["update"]
-# deployment/controller.py: server-side apply of the children (read first, create or patch).
+# deployment/controller.py: server-side apply of the children, read from a label-selected
+# list+watch cache (core/watch.py ChildCache; get only while a watch has never listed).
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
-# ... and the serving Deployments, also watched (deployment/controller.py, core/watch.py) to refresh status.
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -76,7 +76,7 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 # the others, and deleted when the section is removed or disabled (its owner still lives).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.rbac.apiKeySecretCheck }}
 # deployment/controller.py: whether spec.auth's Secret exists (a metadata-only get; no list/watch).
 - apiGroups: [""]
@@ -94,10 +94,11 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
   resources: ["resourceclaims"]
   verbs: ["list"]
 # autoscaling/controller.py (Ready pods to scrape), sharepolicy/controller.py (members' pods) and
-# deployment/controller.py (dra profile: the scheduler's reason for a pod that waits).
+# deployment/controller.py (the serving pods' reasons in status and the dra profile's scheduler
+# reason, from the ChildCache's watch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # deployment/controller.py: the AWQ quantization Job is created once and Jobs of an older spec deleted;
 # sharepolicy/controller.py: offline members are watched, listed and suspended/resumed.
 - apiGroups: ["batch"]

@@ -1,0 +1,67 @@
+"""The read cache's bookkeeping (core/watch.py ChildCache), fed the way its watches feed it:
+newer versions win, a relist is the truth for its scope, our own applies are seen at once.
+The cache against a real API server: tests/cluster/test_operator_cache.py."""
+from __future__ import annotations
+
+import asyncio
+
+from chattts_operator.core.watch import ChildCache
+
+
+def obj(name, rv, *, kind="ConfigMap", namespace="ns", labels=None, managed_fields=True):
+    meta = {"name": name, "namespace": namespace, "resourceVersion": str(rv), "labels": labels or {}}
+    if managed_fields:
+        meta["managedFields"] = [{"manager": "chattts-operator", "fieldsV1": {"f:data": {}}}]
+    return {"apiVersion": "v1", "kind": kind, "metadata": meta}
+
+
+def cache_with_changes():
+    changes = []
+    cache = ChildCache(kube=None, kinds=("ConfigMap", "Pod"), namespaces=(), label_selector="x=y",
+                       on_change=lambda kind, event, o: changes.append((kind, event, o["metadata"]["name"])))
+    return cache, changes
+
+
+def stored(cache, kind, name, namespace="ns"):
+    return cache._objects[kind].get((namespace, name))
+
+
+def test_a_trailing_watch_event_never_replaces_our_newer_apply():
+    cache, changes = cache_with_changes()
+    cache.remember(obj("a", 10))
+    asyncio.run(cache._event_handler("ConfigMap")("MODIFIED", obj("a", 9)))
+    assert stored(cache, "ConfigMap", "a")["metadata"]["resourceVersion"] == "10"
+    assert changes == []  # nothing new: no reconcile of the owner
+    asyncio.run(cache._event_handler("ConfigMap")("MODIFIED", obj("a", 11)))
+    assert stored(cache, "ConfigMap", "a")["metadata"]["resourceVersion"] == "11"
+    assert changes == [("ConfigMap", "MODIFIED", "a")]
+    assert "managedFields" not in stored(cache, "ConfigMap", "a")["metadata"]
+
+
+def test_a_relist_drops_what_vanished_and_keeps_what_we_wrote_since():
+    cache, changes = cache_with_changes()
+    handle = cache._event_handler("ConfigMap")
+    asyncio.run(handle("ADDED", obj("gone", 3)))
+    asyncio.run(handle("ADDED", obj("kept", 4)))
+    cache.remember(obj("kept", 20))
+    listed = obj("kept", 15)
+    del listed["apiVersion"], listed["kind"]  # as in a list response (ListWatch fills them in)
+    asyncio.run(cache._list_handler("ConfigMap", None)([{**listed, "apiVersion": "v1", "kind": "ConfigMap"}]))
+    assert stored(cache, "ConfigMap", "gone") is None and ("ConfigMap", "DELETED", "gone") in changes
+    assert stored(cache, "ConfigMap", "kept")["metadata"]["resourceVersion"] == "20"
+    assert cache._synced[("ConfigMap", None)].is_set()
+
+
+def test_deletes_and_label_queries():
+    cache, _changes = cache_with_changes()
+    handle = cache._event_handler("Pod")
+    for i, instance in enumerate(("tts", "tts", "other")):
+        asyncio.run(handle("ADDED", obj(f"p{i}", i + 1, kind="Pod", labels={"app.kubernetes.io/instance": instance})))
+    asyncio.run(handle("ADDED", obj("p9", 9, kind="Pod", namespace="elsewhere",
+                                    labels={"app.kubernetes.io/instance": "tts"})))
+    names = [p["metadata"]["name"] for p in cache.items("Pod", "ns", {"app.kubernetes.io/instance": "tts"})]
+    assert names == ["p0", "p1"]
+    asyncio.run(handle("DELETED", obj("p0", 12, kind="Pod")))
+    cache.forget("Pod", "ns", "p1")
+    assert cache.items("Pod", "ns", {"app.kubernetes.io/instance": "tts"}) == []
+    assert cache.size() == 2
