@@ -125,12 +125,11 @@ class GenerationSettings(_Strict):
     stream_chunk_frames: int = Field(24, ge=1, description="Frames decoded to audio per streamed chunk.")
     audio_decoder: Literal["dvae", "decoder"] | None = Field(
         None, description="decoder: audio from the GPT's hidden states through the Decoder (upstream's default); "
-        "dvae: from the codes through the DVAE. None: decoder on the reference engine, dvae on the graph engine "
-        "(its in-engine audio decodes codes) and on the vllm engine (it gives no hidden states, so decoder is "
-        "refused there).")
+        "dvae: from the codes through the DVAE. None: decoder on the reference and graph engines, dvae on the "
+        "vllm engine (it gives no hidden states, so decoder is refused there).")
     refine_text: bool | None = Field(
         None, description="Run upstream's refine-text pass before the audio codes. None: on for the reference "
-        "engine (upstream's default), off for the graph and vllm engines, which cannot run it yet (true is "
+        "and graph engines (upstream's default), off for the vllm engine, which cannot run it yet (true is "
         "refused there).")
     warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
 
@@ -164,7 +163,7 @@ class RuntimeConfig(_Strict):
         gen = self.generation
         if self.engine_kind == EngineKind.VLLM and gen.audio_decoder == "decoder":
             raise ValueError("generation.audio_decoder: the vllm engine gives no GPT hidden states; use dvae")
-        if self.engine_kind != EngineKind.REFERENCE and gen.refine_text:
+        if self.engine_kind == EngineKind.VLLM and gen.refine_text:
             raise ValueError(f"generation.refine_text: the {self.engine_kind.value} engine cannot run refine-text "
                              f"yet; use the reference engine or refine_text: false")
         return self
@@ -174,14 +173,14 @@ class RuntimeConfig(_Strict):
         """The configured audio path, resolved for the engine (see ``GenerationSettings.audio_decoder``)."""
         if self.generation.audio_decoder is not None:
             return self.generation.audio_decoder
-        return "decoder" if self.engine_kind == EngineKind.REFERENCE else "dvae"
+        return "dvae" if self.engine_kind == EngineKind.VLLM else "decoder"
 
     @property
     def refine_text(self) -> bool:
         """Whether requests refine their text unless they say otherwise (``GenerationSettings.refine_text``)."""
         if self.generation.refine_text is not None:
             return self.generation.refine_text
-        return self.engine_kind == EngineKind.REFERENCE
+        return self.engine_kind != EngineKind.VLLM
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)

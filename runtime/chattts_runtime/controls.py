@@ -70,7 +70,7 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
         raise ControlError("refine_text", "refine_* fields were given but refine_text is false")
     if not refine:
         return Pipeline(None, decoder)
-    if engine != EngineKind.REFERENCE:
+    if engine == EngineKind.VLLM:
         raise ControlError("refine_text", f"the {engine.value} engine cannot run refine-text yet; "
                                           f"send refine_text false or use the reference engine")
     levels = parse_refine_prompt(req.refine_prompt) if req.refine_prompt is not None else {}

@@ -22,7 +22,7 @@ from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
 from chattts_runtime.limits import quote
 from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
-from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.engines.base import Engine, EngineError, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.longform import chain_pieces
 from chattts_runtime.metrics import RuntimeMetrics
@@ -177,8 +177,9 @@ class SpeechService:
             requests.append(SynthesisRequest(
                 request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
                 params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
-                # Engines that decode audio in their own loop do it for streams (same windows as ours).
-                want_audio=req.streaming and not hidden and self.engine.decodes_audio))
+                # Engines that decode audio in their own loop do it for streams (same windows as ours), on
+                # either path; a long input's pieces are decoded here as one stream, windows across joints.
+                want_audio=req.streaming and len(pieces) == 1 and self.engine.decodes_audio))
         return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
                          pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
                          more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
@@ -226,9 +227,27 @@ class SpeechService:
             return
         refiner = self._text_refiner()
         loop = asyncio.get_running_loop()
+        refine = synthesis.pipeline.refine
+        if self.engine.refines_text:  # every piece at once, batched in the engine with other requests'
+            prompts = [refiner.prompt_ids(text, refine) for text in synthesis.texts]
+            try:
+                generated = await asyncio.gather(*(self.engine.refine_text(f"refine-{uuid.uuid4().hex}", p,
+                                                                           refine.sampling) for p in prompts))
+            except QueueFull as err:
+                raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
+                               code="queue_full",
+                               headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
+            except EngineStopped:
+                raise APIError(503, "server is shutting down", err_type="server_error",
+                               code="shutting_down") from None
+            except EngineError as err:
+                raise APIError(500, str(err), err_type="server_error") from None
+            results = [refiner.read(g, len(p)) for g, p in zip(generated, prompts)]
+        else:
+            results = [await loop.run_in_executor(self._refine_pool, refiner.refine, text, refine)
+                       for text in synthesis.texts]
         refined_texts = []
-        for index, (request, text) in enumerate(zip((synthesis.request, *synthesis.more), synthesis.texts)):
-            refined = await loop.run_in_executor(self._refine_pool, refiner.refine, text, synthesis.pipeline.refine)
+        for index, (request, refined) in enumerate(zip((synthesis.request, *synthesis.more), results)):
             refined_texts.append(refined.text)
             request.prompt_ids, request.params = self._code_prompt(
                 req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
