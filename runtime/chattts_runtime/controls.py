@@ -64,7 +64,7 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
         raise ControlError("audio_decoder", "the vllm engine gives no GPT hidden states; use audio_decoder 'dvae'")
     refine_asked = any(v is not None for v in (req.refine_prompt, req.refine_oral, req.refine_laugh,
                                                req.refine_break, req.refine_temperature, req.refine_top_p,
-                                               req.refine_top_k))
+                                               req.refine_top_k, req.refine_max_new_tokens))
     refine = config.refine_text if req.refine_text is None else req.refine_text
     if req.refine_text is False and refine_asked:
         raise ControlError("refine_text", "refine_* fields were given but refine_text is false")
@@ -81,7 +81,7 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
             levels[name] = value
     try:
         sampling = upstream_refine_sampling(temperature=req.refine_temperature, top_p=req.refine_top_p,
-                                            top_k=req.refine_top_k)
+                                            top_k=req.refine_top_k, max_new_frames=req.refine_max_new_tokens)
         params = RefineParams(oral=levels.get("oral"), laugh=levels.get("laugh"), break_=levels.get("break"),
                               sampling=sampling)
     except ValueError as err:

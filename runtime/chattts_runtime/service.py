@@ -69,6 +69,8 @@ class SpeechRequest(BaseModel):
     refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
     refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
     refine_top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    refine_max_new_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="text tokens refine may write "
+                                              "(upstream's RefineTextParams.max_new_token, default 384)")
     # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
     speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
     speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
