@@ -14,10 +14,10 @@
 #   faithful_norefine  the same with --refine off
 #   upstream     upstream ChatTTS's own Chat.infer() on the same GPU (bench/runtime/upstream_peer.sh: the
 #                scripts of ../shared/anchors copied into .anchor; needs the chattts wheels in .whl)
-#   memprobe     python3 bench/runtime/gpu_memory_probe.py (the planner's prediction against allocated bytes;
-#                issue #15's planner branch), when the file is there
-#   dtype        python3 bench/runtime/dtype_study.py (bf16 against float32: code agreement, mel distance),
-#                when the file is there
+#   memprobe     python3 -m bench.runtime.memory_probe (each engine's GPU memory against the operator's
+#                planner at 64/128/256 sequences), when that module is in the tree
+#   dtype        python3 -m bench.runtime.dtype_agreement (bf16 against float32: code agreement, mel
+#                distance), when that module is in the tree
 #   reference    python3 -m bench.runtime ... --engine reference  (slow)              only with --reference
 #   loadgen      python3 -m bench.runtime.loadgen ...: the load generator's own ceiling on this machine
 #                (aiohttp and httpx, 1 and 8 processes, 256 streams, against a server that only writes
@@ -100,7 +100,7 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=240 [faithful_norefine]=200
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180
                 [upstream]=180 [memprobe]=150 [dtype]=150 [reference]=200 [loadgen]=90)
 LEVELS="${LEVELS:-1,16,64,128,256}"
 ROUNDS="${ROUNDS:-2}"
@@ -118,8 +118,8 @@ step_command() {
     faithful) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful" ;;
     faithful_norefine) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-refine-off" ;;
     upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-h200-$DATE.jsonl" ;;
-    memprobe) echo "python3 bench/runtime/gpu_memory_probe.py --out $STAGE/results/gpu-memory-probe-h200-$DATE.json" ;;
-    dtype) echo "python3 bench/runtime/dtype_study.py --out $STAGE/results/dtype-study-h200-$DATE.json" ;;
+    memprobe) echo "python3 -m bench.runtime.memory_probe --out $STAGE/results" ;;
+    dtype) echo "python3 -m bench.runtime.dtype_agreement --out $STAGE/results" ;;
     reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 4 --rounds 2 --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
   esac
 }
@@ -134,8 +134,9 @@ for step in $STEPS; do
     continue
   fi
   cmd="$(step_command "$step")"
-  script="$(echo "$cmd" | awk '$1 == "python3" && $2 ~ /\.py$/ {print $2}')"
-  if [ -n "$script" ] && [ ! -f "$script" ]; then
+  script="$(echo "$cmd" | awk '$1 == "python3" && $2 ~ /\.py$/ {print $2}
+                               $1 == "python3" && $2 == "-m" {gsub(/\./, "/", $3); print $3 ".py"}')"
+  if [ -n "$script" ] && [ ! -f "$script" ] && [ ! -d "${script%.py}" ]; then
     STATUS[$step]="skipped ($script is not in this tree)"
     summary+=("$step: ${STATUS[$step]}")
     echo "== $step: ${STATUS[$step]}"

@@ -348,6 +348,7 @@ class SpeechService:
         windows = StreamWindows(self.config.generation.stream_chunk_frames)
         decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
         produced = 0
+        windows_decoded = 0
         status = "aborted"
         self.in_flight += 1
         try:
@@ -356,21 +357,25 @@ class SpeechService:
                     status = "error"
                     log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
                     return
-                samples = None
-                if req.want_audio:
-                    samples = chunk.audio
-                else:
+                out = [chunk.audio] if req.want_audio else []
+                if not req.want_audio:
                     if len(chunk.codes):
                         decoder.push(self._frames_of(chunk, req.want_hidden))
-                    due = windows.first_frames if produced == 0 else windows.chunk_frames
-                    if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
-                        frames, start, n = decoder.next_window()
-                        samples = decoder.accept(await self._batched.decode(frames), start, n)
-                if samples is not None and len(samples):
-                    if produced == 0:
-                        self.metrics.ttfa.observe(time.monotonic() - req.arrival)
-                    produced += len(samples)
-                    yield samples
+                    # Windows of exactly the schedule's sizes, however many frames a chunk brings (an
+                    # engine's chunk, or the joint between two pieces of a long input, moves none).
+                    while True:
+                        due = windows.first_frames if not windows_decoded else windows.chunk_frames
+                        if decoder.pending_frames < due and not (chunk.finished and decoder.pending_frames):
+                            break
+                        frames, start, n = decoder.next_window(due if decoder.pending_frames >= due else None)
+                        out.append(decoder.accept(await self._batched.decode(frames), start, n))
+                        windows_decoded += 1
+                for samples in out:
+                    if samples is not None and len(samples):
+                        if produced == 0:
+                            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                        produced += len(samples)
+                        yield samples
                 if chunk.finished:
                     status = "ok" if chunk.finish_reason in ("eos", "length") else chunk.finish_reason or "ok"
         finally:

@@ -463,7 +463,7 @@ class GraphEngine(ReferenceEngine):
     def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256, max_model_len: int = 2048,
                  observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None,
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
-                 windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 256,
+                 windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, refine_slots: int | None = None):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
                          observer=observer)
@@ -492,7 +492,9 @@ class GraphEngine(ReferenceEngine):
             raise ValueError("admit_interval must be >= 0")
         # Past 64 rows, buckets every 32: a step over 160 slots should not pay for 256.
         self.batch_buckets = bucket_sizes(max_num_seqs, step=32)
-        self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len))
+        # KV lengths: doubling up to 512, then every 256 (a batch at 1,100 positions should not attend
+        # over 2,048; long requests make attention the larger part of a step).
+        self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len), step=256)
         self.prefill_rows = min(prefill_rows, max_num_seqs)
         self.prefill_row_buckets = bucket_sizes(self.prefill_rows)
         # Longer prompts are prefilled eagerly (same code, exact shape).
