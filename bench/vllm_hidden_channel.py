@@ -45,7 +45,7 @@ async def one_round(engine, model, mode: str, concurrency: int, frames: int, tag
                    for i in range(concurrency)]
 
         async def run(i):
-            tokens = await engine.refine_tokens(f"{tag}-{i}", prompts[i], params, refiner.end_id)
+            tokens = await engine.refine_text(f"{tag}-{i}", prompts[i], params)
             assert len(tokens) == frames, len(tokens)
     else:
         async def run(i):

@@ -64,6 +64,33 @@ def make_checkpoint(size: str, path: Path) -> Path:
 # The requests every runtime benchmark sends (distinct texts, similar prompt lengths).
 BENCH_TEXTS = [f"benchmark sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(64)]
 
+# --mixed: one sentence to a paragraph (1 to 4 sentences), each request's audio sized to its text.
+MIXED_SENTENCES = [
+    "the committee met on tuesday to review the budget for the coming year.",
+    "after a long discussion they agreed to fund the new library on the east side of town.",
+    "construction is expected to start in the spring, weather permitting.",
+    "residents who want to comment can write to the council before the end of the month.",
+    "the mayor thanked everyone who took part and promised regular updates.",
+    "a public meeting will be held in the old school hall next thursday evening.",
+]
+FRAMES_PER_WORD = 16  # ~0.34 s of speech per word (2.9 words/s)
+REFINE_TOKENS_PER_WORD = 1.5  # refine rewrites the text with a few prosody tokens added
+
+
+def mixed_requests(count: int = 64) -> list[dict]:
+    """Request bodies of 1..4 sentences, cycling, each with the frames and refine tokens its text needs
+    (the random checkpoint never ends by itself: ``max_new_tokens`` is the length it speaks, and
+    ``refine_max_new_tokens`` the length refine-text writes, upstream's ``RefineTextParams.max_new_token``)."""
+    out = []
+    for i in range(count):
+        n = 1 + i % 4  # one sentence to a paragraph of four
+        first = i % len(MIXED_SENTENCES)
+        text = f"item {i}: " + " ".join(MIXED_SENTENCES[(first + k) % len(MIXED_SENTENCES)] for k in range(n))
+        words = len(text.split())
+        out.append({"input": text, "max_new_tokens": FRAMES_PER_WORD * words,
+                    "refine_max_new_tokens": int(REFINE_TOKENS_PER_WORD * words) + 4})
+    return out
+
 
 def bench_checkpoint(size: str):
     """The benchmark's random checkpoint of ``size`` under bench/results/tmp, and its GPT sizes."""
@@ -82,7 +109,8 @@ def free_port() -> int:
 
 
 def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
-                 engine: str = "reference", max_model_len: int = 4096):
+                 engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
+                 audio_decoder: str = "dvae"):
     import yaml
 
     port = free_port()
@@ -90,7 +118,11 @@ def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chun
         "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
         "engine": {"max_num_seqs": max_seqs, "max_model_len": max_model_len},
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
-        "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk},
+        # The random checkpoint's test tokenizer spells words out (~4.5 tokens a word, a real one ~1.3): the
+        # front-end's frame budget per token is scaled so a paragraph stays one piece, as it would be.
+        "text": {"frames_per_text_token": 4.0},
+        "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk,
+                       "refine_text": refine, "audio_decoder": audio_decoder},
     }
     cfg_path = log.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
@@ -212,7 +244,10 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         f"Command: `{report['command']}`",
         "",
         f"Model: `{p['size']}` random weights ({p['model']}), {p.get('engine', 'reference')} engine, {p['dtype']}, "
-        f"{p['frames']} frames per request ({p['frames'] * 512 / SAMPLE_RATE:.2f} s of audio), streaming PCM "
+        + (f"mixed lengths (1 to 4 sentences, {FRAMES_PER_WORD} frames per word, at most {p['frames']}), "
+           if p.get("mixed") else f"{p['frames']} frames per request ({p['frames'] * 512 / SAMPLE_RATE:.2f} s of audio), ")
+        + f"refine-text {'on' if p.get('refine_text') else 'off'}, audio path {p.get('audio_decoder', 'dvae')}, "
+        f"streaming PCM "
         f"through the speech API, sampling (temperature 0.3). Environment: "
         f"{json.dumps(report['environment'])}.",
         "",
@@ -256,10 +291,11 @@ async def main_async(args) -> dict:
     tmp = RESULTS / "tmp"
     levels = args.concurrency
     client_lib = loadgen.pick_client_lib(args.client_lib)
-    log = tmp / f"bench-server-{args.device}-{args.engine}.log"
+    log = tmp / f"bench-server-{args.device}-{args.tag or args.engine}.log"
     proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
-                             engine=args.engine, max_model_len=args.max_model_len)
-    texts = BENCH_TEXTS
+                             engine=args.engine, max_model_len=args.max_model_len, refine=args.refine == "on",
+                             audio_decoder=args.audio_decoder)
+    texts = mixed_requests() if args.mixed else BENCH_TEXTS
     try:
         t0 = time.perf_counter()
         await wait_ready(url, proc, log=log)
@@ -289,6 +325,7 @@ async def main_async(args) -> dict:
         "params": {"size": args.size, "frames": args.frames, "sequential": args.sequential, "rounds": args.rounds,
                    "chunk_frames": args.chunk_frames, "engine": args.engine, "client_procs": args.client_procs,
                    "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
+                   "refine_text": args.refine == "on", "audio_decoder": args.audio_decoder, "mixed": args.mixed,
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
         "environment": environment(args.device, client_lib),
         "server_startup_s": startup,
@@ -323,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="reference", choices=("reference", "graph"),
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")
     p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
+    p.add_argument("--refine", default="off", choices=("on", "off"), help="generation.refine_text")
+    p.add_argument("--audio-decoder", default="dvae", choices=("dvae", "decoder"), help="generation.audio_decoder")
+    p.add_argument("--mixed", action="store_true",
+                   help="mixed request lengths (1 to 4 sentences, audio sized to the text) instead of --frames each")
     p.add_argument("--client-procs", type=int, default=None,
                    help="load generator processes per level (default: min(8, ceil(concurrency / 32)))")
     p.add_argument("--client-lib", default="auto", choices=("auto", *loadgen.CLIENT_LIBS),

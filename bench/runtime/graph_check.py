@@ -22,6 +22,7 @@ from bench.runtime.__main__ import RESULTS, make_checkpoint
 
 
 async def generate(engine_cls, model, texts, params, **kw):
+    """Greedy codes of ``texts`` and, on an engine that refines, its refine-text ids of them."""
     from chattts_runtime.engines.base import SynthesisRequest
 
     engine = engine_cls(model, **kw)
@@ -33,9 +34,24 @@ async def generate(engine_cls, model, texts, params, **kw):
         return [f for c in [c async for c in engine.submit(req)] for f in c.codes.tolist()]
 
     try:
-        return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts))), engine
+        codes = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+        engine.refined = await refine_all(engine, model, texts) if engine.refines_text else None
+        return codes, engine
     finally:
         await engine.stop()
+
+
+async def refine_all(engine, model, texts):
+    """Greedy refine-text ids of ``texts``: on an engine that refines (batched), else the reference refiner."""
+    from chattts_runtime.engines.refine import TextRefiner
+    from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling
+
+    refiner = TextRefiner(model, max_model_len=1024)
+    params = upstream_refine_sampling(temperature=0, max_new_frames=48)
+    prompts = [refiner.prompt_ids(t, RefineParams()) for t in texts]
+    if engine is None:
+        return [refiner.generate(p, params) for p in prompts]
+    return await asyncio.gather(*(engine.refine_text(f"r{i}", p, params) for i, p in enumerate(prompts)))
 
 
 def main() -> int:
@@ -63,11 +79,18 @@ def main() -> int:
     report["graphs"] = len(engine._graphs)
     # The eager run pads prefills and windows like the graphs do: bf16 kernels round differently
     # for other shapes, so only the same shapes can be compared for equality.
-    eager, _ = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
+    eager, eager_engine = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
                                     max_model_len=args.max_model_len, use_graphs=False, pad_shapes=True))
     reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, max_num_seqs=256,
                                         max_model_len=args.max_model_len))
     report["graph_equals_eager"] = graphed == eager
+    # Refine-text on the text slots: replayed graphs against eager padded steps and the reference refiner.
+    refine_graphed, refine_eager = engine.refined, eager_engine.refined
+    refine_reference = asyncio.run(refine_all(None, model, texts))
+    report["refine_graph_equals_eager"] = refine_graphed == refine_eager
+    report["refine_tokens_equal_to_reference"] = (
+        f"{sum(a == b for g, r in zip(refine_graphed, refine_reference) for a, b in zip(g, r))}"
+        f"/{sum(len(r) for r in refine_reference)}")
     same = sum(a == b for g, r in zip(graphed, reference) for a, b in zip(g, r))
     report["frames_equal_to_reference"] = f"{same}/{sum(len(r) for r in reference)}"
     first_diff = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None) for g, r in zip(graphed, reference)]
@@ -131,13 +154,23 @@ def main() -> int:
         frames = engine.windows.window_frames
         state.audio_windows[:, 0] = 0
         state.audio_windows[:, 1] = 0
-        report[f"audio_window_ms_{frames}_frames"] = {
-            rows: {"graph_ms": median_ms(engine._audio_graphs[(rows, frames)][0].replay, engine._audio_stream),
-                   "eager_ms": median_ms(lambda: decode_windows(model, state, rows, frames), engine._audio_stream,
-                                         runs=5)}
-            for rows in (1, 8, 64) if (rows, frames) in engine._audio_graphs}
+        for hidden in engine.audio_paths:  # DVAE (codes) and Decoder (hidden states)
+            path = "decoder" if hidden else "dvae"
+            report[f"audio_window_ms_{frames}_frames_{path}"] = {
+                rows: {"graph_ms": median_ms(engine._audio_graphs[(hidden, rows, frames)][0].replay,
+                                             engine._audio_stream),
+                       "eager_ms": median_ms(lambda: decode_windows(model, state, rows, frames, hidden),
+                                             engine._audio_stream, runs=5)}
+                for rows in (1, 8, 64) if (hidden, rows, frames) in engine._audio_graphs}
+        # Refine-text: one replayed step of the text slots (21k-token head, sampling inside).
+        text = engine._text
+        report["refine_step_ms_length_256"] = {
+            batch: median_ms(engine._text_graphs[(batch, 256)].replay)
+            for batch in (1, 16, 64, 256) if (batch, 256) in engine._text_graphs}
         report["graphs_by_kind"] = {"decode": len(engine._graphs), "prefill": len(engine._prefill_graphs),
-                                    "audio": len(engine._audio_graphs)}
+                                    "audio": len(engine._audio_graphs), "refine_decode": len(engine._text_graphs),
+                                    "refine_prefill": len(engine._text_prefill_graphs)}
+        del text
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

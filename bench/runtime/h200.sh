@@ -9,6 +9,15 @@
 #   graph_check  python3 -m bench.runtime.graph_check --size full
 #   engine_load  python3 -m bench.runtime.engine_load --engine graph --size full ...
 #   graph        python3 -m bench.runtime ... --engine graph      (the speech API end to end)
+#   faithful     python3 -m bench.runtime ... --engine graph --mixed --refine on --audio-decoder decoder
+#                (upstream's pipeline: refine-text, then the Decoder path; mixed lengths, 1-4 sentences)
+#   faithful_norefine  the same with --refine off
+#   upstream     upstream ChatTTS's own Chat.infer() on the same GPU (bench/runtime/upstream_peer.sh: the
+#                scripts of ../shared/anchors copied into .anchor; needs the chattts wheels in .whl)
+#   memprobe     python3 -m bench.runtime.memory_probe (each engine's GPU memory against the operator's
+#                planner at 64/128/256 sequences), when that module is in the tree
+#   dtype        python3 -m bench.runtime.dtype_agreement (bf16 against float32: code agreement, mel
+#                distance), when that module is in the tree
 #   reference    python3 -m bench.runtime ... --engine reference  (slow)              only with --reference
 #   loadgen      python3 -m bench.runtime.loadgen ...: the load generator's own ceiling on this machine
 #                (aiohttp and httpx, 1 and 8 processes, 256 streams, against a server that only writes
@@ -45,8 +54,9 @@ if [ -z "$STEPS" ]; then
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
 for step in $STEPS; do
-  case "$step" in anchor|graph_check|engine_load|graph|reference|loadgen) ;;
-    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph reference loadgen)" >&2; exit 2 ;;
+  case "$step" in anchor|graph_check|engine_load|graph|faithful|faithful_norefine|upstream|memprobe|dtype|reference|loadgen) ;;
+    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph faithful faithful_norefine" \
+            "upstream memprobe dtype reference loadgen)" >&2; exit 2 ;;
   esac
 done
 
@@ -90,7 +100,10 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [reference]=200 [loadgen]=90)
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180
+                [upstream]=180 [memprobe]=150 [dtype]=150 [reference]=200 [loadgen]=90)
+LEVELS="${LEVELS:-1,16,64,128,256}"
+ROUNDS="${ROUNDS:-2}"
 RESERVE_S=15
 declare -A STATUS
 summary=()
@@ -102,6 +115,11 @@ step_command() {
     engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,128,256 --rounds 3 --audio --out $STAGE/results/engine_load-graph.json" ;;
     loadgen) echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json" ;;
     graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 8 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
+    faithful) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful" ;;
+    faithful_norefine) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-refine-off" ;;
+    upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-h200-$DATE.jsonl" ;;
+    memprobe) echo "python3 -m bench.runtime.memory_probe --out $STAGE/results" ;;
+    dtype) echo "python3 -m bench.runtime.dtype_agreement --out $STAGE/results" ;;
     reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 4 --rounds 2 --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
   esac
 }
@@ -116,6 +134,14 @@ for step in $STEPS; do
     continue
   fi
   cmd="$(step_command "$step")"
+  script="$(echo "$cmd" | awk '$1 == "python3" && $2 ~ /\.py$/ {print $2}
+                               $1 == "python3" && $2 == "-m" {gsub(/\./, "/", $3); print $3 ".py"}')"
+  if [ -n "$script" ] && [ ! -f "$script" ] && [ ! -d "${script%.py}" ]; then
+    STATUS[$step]="skipped ($script is not in this tree)"
+    summary+=("$step: ${STATUS[$step]}")
+    echo "== $step: ${STATUS[$step]}"
+    continue
+  fi
   echo "== $(date -u +%T) $step (limit ${limit}s): $cmd"
   t0=$SECONDS
   # timeout signals its whole process group: the runtime server and load generator children too.
@@ -133,13 +159,11 @@ done
 
 # Collect: results beside the step logs, server logs and configs of the benchmark runs.
 [ -f "$OUT/anchor.json" ] && cp "$OUT/anchor.json" "$STAGE/results/anchor-h200-$DATE.json"
-for engine in graph reference; do
-  for f in bench/results/runtime-h200-"$DATE"-"$engine".json bench/results/runtime-h200-"$DATE"-"$engine".md \
-           bench/results/tmp/bench-server-cuda-"$engine".log bench/results/tmp/bench-server-cuda-"$engine".yaml; do
-    if [ -f "$f" ] && [ "$f" -nt "$STAGE/started" ]; then
-      case "$f" in bench/results/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
-    fi
-  done
+for f in bench/results/runtime-h200-"$DATE"-*.json bench/results/runtime-h200-"$DATE"-*.md \
+         bench/results/tmp/bench-server-cuda-*.log bench/results/tmp/bench-server-cuda-*.yaml; do
+  if [ -f "$f" ] && [ "$f" -nt "$STAGE/started" ]; then
+    case "$f" in bench/results/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
+  fi
 done
 {
   echo "h200.sh $(date -u +%FT%TZ), ${SECONDS}s, steps: $STEPS"

@@ -60,14 +60,16 @@ def split_clients(concurrency: int, procs: int) -> list[list[int]]:
     return [list(range(p, concurrency, procs)) for p in range(procs)]
 
 
-def request_text(texts: Sequence[str], client: int, round_: int, rounds: int) -> str:
+def request_text(texts: Sequence[str | dict], client: int, round_: int, rounds: int) -> str | dict:
     """The text client ``client`` sends in round ``round_``: the same whichever process runs that client."""
     return texts[(client * rounds + round_) % len(texts)]
 
 
-def speech_body(text: str) -> bytes:
-    return json.dumps({"model": "chattts", "voice": "alloy", "input": text, "response_format": "pcm",
-                       "stream": True}).encode()
+def speech_body(text: str | dict) -> bytes:
+    """A streaming PCM request for ``text``, or for a dict of body fields (``input`` and any others)."""
+    fields = text if isinstance(text, dict) else {"input": text}
+    return json.dumps({"model": "chattts", "voice": "alloy", "response_format": "pcm", "stream": True,
+                       **fields}).encode()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

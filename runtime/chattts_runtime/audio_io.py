@@ -246,9 +246,10 @@ class StreamingDecoder:
     def push(self, frames: np.ndarray) -> None:
         self._frames.extend(frames)
 
-    def next_window(self) -> tuple[np.ndarray, int, int] | None:
-        """(frames to decode, first frame index, frame count) or None when nothing is pending."""
-        n = len(self._frames)
+    def next_window(self, limit: int | None = None) -> tuple[np.ndarray, int, int] | None:
+        """(frames to decode, first frame index, frame count) or None when nothing is pending; at most
+        ``limit`` new frames when given."""
+        n = len(self._frames) if limit is None else min(len(self._frames), self._decoded_frames + limit)
         if n == 0 or self.pending_frames == 0:
             return None
         if self._windows is not None:

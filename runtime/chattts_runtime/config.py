@@ -125,14 +125,13 @@ class GenerationSettings(_Strict):
     stream_chunk_frames: int = Field(24, ge=1, description="Frames decoded to audio per streamed chunk.")
     audio_decoder: Literal["dvae", "decoder"] | None = Field(
         None, description="decoder: audio from the GPT's hidden states through the Decoder (upstream's default); "
-        "dvae: from the codes through the DVAE. None: decoder on the reference and vllm engines (vLLM returns no "
-        "hidden states, so the vllm engine's model writes each frame's hidden state into its raw-logit logprobs: "
-        "hidden_size more values per frame from the engine core), dvae on the graph engine (its in-engine audio "
-        "decodes codes).")
+        "dvae: from the codes through the DVAE. None: decoder on every engine (upstream's default; vLLM returns "
+        "no hidden states, so the vllm engine's model writes each frame's hidden state into its raw-logit "
+        "logprobs: hidden_size more values per frame from the engine core).")
     refine_text: bool | None = Field(
-        None, description="Run upstream's refine-text pass before the audio codes. None: on for the reference "
-        "and vllm engines (upstream's default; vllm runs it as a second generation with the text head), off for "
-        "the graph engine, which cannot run it yet (true is refused there).")
+        None, description="Run upstream's refine-text pass before the audio codes. None: on for every engine "
+        "(upstream's default; the graph engine runs it batched in text slots of its own, vllm as a second "
+        "generation with the text head).")
     warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
 
 
@@ -163,13 +162,9 @@ class RuntimeConfig(_Strict):
 
     @model_validator(mode="after")
     def _pipeline_fits_the_engine(self) -> "RuntimeConfig":
-        gen = self.generation
         if self.engine_kind != EngineKind.VLLM and self.engine.kv_cache_dtype.startswith("fp8"):
             raise ValueError(f"engine.kv_cache_dtype {self.engine.kv_cache_dtype}: the {self.engine_kind.value} "
                              "engine keeps its KV cache in the activation dtype; use auto, or the vllm engine")
-        if self.engine_kind not in (EngineKind.REFERENCE, EngineKind.VLLM) and gen.refine_text:
-            raise ValueError(f"generation.refine_text: the {self.engine_kind.value} engine cannot run refine-text "
-                             f"yet; use the reference engine or refine_text: false")
         return self
 
     @property
@@ -177,14 +172,14 @@ class RuntimeConfig(_Strict):
         """The configured audio path, resolved for the engine (see ``GenerationSettings.audio_decoder``)."""
         if self.generation.audio_decoder is not None:
             return self.generation.audio_decoder
-        return "decoder" if self.engine_kind in (EngineKind.REFERENCE, EngineKind.VLLM) else "dvae"
+        return "decoder"
 
     @property
     def refine_text(self) -> bool:
         """Whether requests refine their text unless they say otherwise (``GenerationSettings.refine_text``)."""
         if self.generation.refine_text is not None:
             return self.generation.refine_text
-        return self.engine_kind in (EngineKind.REFERENCE, EngineKind.VLLM)
+        return True
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)

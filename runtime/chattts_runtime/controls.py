@@ -58,19 +58,15 @@ def parse_refine_prompt(prompt: str) -> dict[str, int]:
 
 def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
     """The request's refine-text and audio path, checked against what the engine can do."""
-    engine = config.engine_kind
     decoder = req.audio_decoder or config.audio_decoder
     refine_asked = any(v is not None for v in (req.refine_prompt, req.refine_oral, req.refine_laugh,
                                                req.refine_break, req.refine_temperature, req.refine_top_p,
-                                               req.refine_top_k))
+                                               req.refine_top_k, req.refine_max_new_tokens))
     refine = config.refine_text if req.refine_text is None else req.refine_text
     if req.refine_text is False and refine_asked:
         raise ControlError("refine_text", "refine_* fields were given but refine_text is false")
     if not refine:
         return Pipeline(None, decoder)
-    if engine not in (EngineKind.REFERENCE, EngineKind.VLLM):
-        raise ControlError("refine_text", f"the {engine.value} engine cannot run refine-text yet; "
-                                          f"send refine_text false or use the reference engine")
     levels = parse_refine_prompt(req.refine_prompt) if req.refine_prompt is not None else {}
     for name, value in (("oral", req.refine_oral), ("laugh", req.refine_laugh), ("break", req.refine_break)):
         if value is not None:
@@ -79,7 +75,7 @@ def resolve_pipeline(req, config: RuntimeConfig) -> Pipeline:
             levels[name] = value
     try:
         sampling = upstream_refine_sampling(temperature=req.refine_temperature, top_p=req.refine_top_p,
-                                            top_k=req.refine_top_k)
+                                            top_k=req.refine_top_k, max_new_frames=req.refine_max_new_tokens)
         params = RefineParams(oral=levels.get("oral"), laugh=levels.get("laugh"), break_=levels.get("break"),
                               sampling=sampling)
     except ValueError as err:

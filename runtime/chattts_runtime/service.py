@@ -22,7 +22,7 @@ from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.errors import APIError  # noqa: F401  (imported from here by the server)
 from chattts_runtime.limits import quote
 from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
-from chattts_runtime.engines.base import Engine, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.engines.base import Engine, EngineError, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.longform import chain_pieces
 from chattts_runtime.metrics import RuntimeMetrics
@@ -69,6 +69,8 @@ class SpeechRequest(BaseModel):
     refine_temperature: float | None = Field(None, ge=0.0, le=2.0)
     refine_top_p: float | None = Field(None, gt=0.0, le=1.0)
     refine_top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    refine_max_new_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="text tokens refine may write "
+                                              "(upstream's RefineTextParams.max_new_token, default 384)")
     # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
     speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
     speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
@@ -177,8 +179,9 @@ class SpeechService:
             requests.append(SynthesisRequest(
                 request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
                 params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
-                # Engines that decode audio in their own loop do it for streams (same windows as ours).
-                want_audio=req.streaming and not hidden and self.engine.decodes_audio))
+                # Engines that decode audio in their own loop do it for streams (same windows as ours), on
+                # either path; a long input's pieces are decoded here as one stream, windows across joints.
+                want_audio=req.streaming and len(pieces) == 1 and self.engine.decodes_audio))
         return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
                          pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
                          more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
@@ -224,26 +227,34 @@ class SpeechService:
         text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
-        pieces = (synthesis.request, *synthesis.more)
-        runs = [self._refine_piece(text, synthesis.pipeline.refine) for text in synthesis.texts]
-        # An engine that refines runs every piece as its own request, batched; else one by one here.
-        refined_all = await asyncio.gather(*runs) if self.engine.refines_text else [await run for run in runs]
+        refiner = self._text_refiner()
+        loop = asyncio.get_running_loop()
+        refine = synthesis.pipeline.refine
+        if self.engine.refines_text:  # every piece at once, batched in the engine with other requests'
+            prompts = [refiner.prompt_ids(text, refine) for text in synthesis.texts]
+            try:
+                generated = await asyncio.gather(*(self.engine.refine_text(f"refine-{uuid.uuid4().hex}", p,
+                                                                           refine.sampling) for p in prompts))
+            except QueueFull as err:
+                raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
+                               code="queue_full",
+                               headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
+            except EngineStopped:
+                raise APIError(503, "server is shutting down", err_type="server_error",
+                               code="shutting_down") from None
+            except EngineError as err:
+                raise APIError(500, str(err), err_type="server_error") from None
+            results = [refiner.read(g, len(p)) for g, p in zip(generated, prompts)]
+        else:
+            results = [await loop.run_in_executor(self._refine_pool, refiner.refine, text, refine)
+                       for text in synthesis.texts]
         refined_texts = []
-        for index, (request, refined) in enumerate(zip(pieces, refined_all)):
+        for index, (request, refined) in enumerate(zip((synthesis.request, *synthesis.more), results)):
             refined_texts.append(refined.text)
             request.prompt_ids, request.params = self._code_prompt(
                 req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
         synthesis.texts = tuple(refined_texts)
         synthesis.refined_text = synthesis.text = " ".join(refined_texts)
-
-    async def _refine_piece(self, text: str, params):
-        refiner = self._text_refiner()
-        if not self.engine.refines_text:
-            return await asyncio.get_running_loop().run_in_executor(self._refine_pool, refiner.refine, text, params)
-        prompt = refiner.prompt_ids(text, params)
-        generated = await self.engine.refine_tokens(f"refine-{uuid.uuid4().hex}", prompt, params.sampling,
-                                                    refiner.end_id)
-        return refiner.result(prompt, generated)
 
     async def run_model(self, fn, *args):
         """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""
@@ -337,6 +348,7 @@ class SpeechService:
         windows = StreamWindows(self.config.generation.stream_chunk_frames)
         decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
         produced = 0
+        windows_decoded = 0
         status = "aborted"
         self.in_flight += 1
         try:
@@ -345,21 +357,25 @@ class SpeechService:
                     status = "error"
                     log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
                     return
-                samples = None
-                if req.want_audio:
-                    samples = chunk.audio
-                else:
+                out = [chunk.audio] if req.want_audio else []
+                if not req.want_audio:
                     if len(chunk.codes):
                         decoder.push(self._frames_of(chunk, req.want_hidden))
-                    due = windows.first_frames if produced == 0 else windows.chunk_frames
-                    if decoder.pending_frames >= due or (chunk.finished and decoder.pending_frames):
-                        frames, start, n = decoder.next_window()
-                        samples = decoder.accept(await self._batched.decode(frames), start, n)
-                if samples is not None and len(samples):
-                    if produced == 0:
-                        self.metrics.ttfa.observe(time.monotonic() - req.arrival)
-                    produced += len(samples)
-                    yield samples
+                    # Windows of exactly the schedule's sizes, however many frames a chunk brings (an
+                    # engine's chunk, or the joint between two pieces of a long input, moves none).
+                    while True:
+                        due = windows.first_frames if not windows_decoded else windows.chunk_frames
+                        if decoder.pending_frames < due and not (chunk.finished and decoder.pending_frames):
+                            break
+                        frames, start, n = decoder.next_window(due if decoder.pending_frames >= due else None)
+                        out.append(decoder.accept(await self._batched.decode(frames), start, n))
+                        windows_decoded += 1
+                for samples in out:
+                    if samples is not None and len(samples):
+                        if produced == 0:
+                            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                        produced += len(samples)
+                        yield samples
                 if chunk.finished:
                     status = "ok" if chunk.finish_reason in ("eos", "length") else chunk.finish_reason or "ok"
         finally:

@@ -59,12 +59,13 @@ def test_padded_shapes_give_the_reference_codes(tiny_model, short_only):
     assert [cs[-1].finish_reason for cs in chunks] == [r[2] for r in reference]
 
 
-async def _streams(model, texts, params, *, want_audio: bool, **engine_kw):
-    engine = GraphEngine(model, observer=Recorder(), **engine_kw)
+async def _streams(model, texts, params, *, want_audio: bool, want_hidden: bool = False, engine_cls=GraphEngine,
+                   **engine_kw):
+    engine = engine_cls(model, observer=Recorder(), **engine_kw)
     await engine.start()
 
     async def one(i, text):
-        req = dataclasses.replace(request(model, i, text, params), want_audio=want_audio)
+        req = dataclasses.replace(request(model, i, text, params), want_audio=want_audio, want_hidden=want_hidden)
         return [chunk async for chunk in engine.submit(req)]
 
     try:
@@ -74,7 +75,9 @@ async def _streams(model, texts, params, *, want_audio: bool, **engine_kw):
 
 
 def _api_decode(model, frames: np.ndarray, windows: StreamWindows) -> list[np.ndarray]:
-    """The speech API's decoder over all of a stream's frames, chunk by chunk on the same schedule."""
+    """The speech API's decoder over all of a stream's frames (codes, or hidden states on the Decoder
+    path), chunk by chunk on the same schedule."""
+    decode = model.hidden_to_audio if np.issubdtype(frames.dtype, np.floating) else model.codes_to_audio
     decoder = StreamingDecoder(model.sizes.samples_per_frame, windows=windows)
     out, produced = [], 0
     for i, frame in enumerate(frames):
@@ -82,27 +85,33 @@ def _api_decode(model, frames: np.ndarray, windows: StreamWindows) -> list[np.nd
         last = i == len(frames) - 1
         due = windows.first_frames if produced == 0 else windows.chunk_frames
         if decoder.pending_frames >= due or (last and decoder.pending_frames):
-            samples = decoder.take(lambda f: model.codes_to_audio(torch.from_numpy(f)[None]).numpy()[0])
+            samples = decoder.take(lambda f: decode(torch.from_numpy(f)[None]).numpy()[0])
             produced += len(samples)
             out.append(samples)
     return out
 
 
+@pytest.mark.parametrize("path", ["dvae", "decoder"])
 @pytest.mark.parametrize("pad_shapes", [False, True])
-def test_engine_audio_equals_the_speech_api_decoder(tiny_model, pad_shapes):
+def test_engine_audio_equals_the_reference_engine_through_the_api_decoder(tiny_model, pad_shapes, path):
+    """Both audio paths decoded in the engine's loop give what the speech API makes of the reference
+    engine's frames (codes for the DVAE, hidden states for the Decoder), window for window."""
     windows = StreamWindows(chunk_frames=6, context_frames=4)  # small windows: many per stream
     params = SamplingParams(temperature=0, max_new_frames=37)
     texts = TEXTS + ["ends early"]
-    frames_only = asyncio.run(_streams(tiny_model, texts, params, want_audio=False, windows=windows,
-                                       max_num_seqs=4))
-    with_audio = asyncio.run(_streams(tiny_model, texts, params, want_audio=True, windows=windows,
+    hidden = path == "decoder"
+    reference = asyncio.run(_streams(tiny_model, texts, params, want_audio=False, want_hidden=hidden,
+                                     engine_cls=ReferenceEngine, max_num_seqs=4))
+    with_audio = asyncio.run(_streams(tiny_model, texts, params, want_audio=True, want_hidden=hidden, windows=windows,
                                       max_num_seqs=4, pad_shapes=pad_shapes, audio_rows=2))
     shapes_seen = set()
-    for plain, audio in zip(frames_only, with_audio):
+    for plain, audio in zip(reference, with_audio):
         codes = np.concatenate([c.codes for c in plain])
         assert np.array_equal(np.concatenate([c.codes for c in audio]), codes)  # codes still handed out
+        assert all(c.hidden is None for c in audio)  # decoded here, not shipped
         assert audio[-1].finished and audio[-1].finish_reason == plain[-1].finish_reason
-        expected = _api_decode(tiny_model, codes, windows)
+        frames = np.concatenate([c.hidden for c in plain if len(c.codes)]) if hidden else codes
+        expected = _api_decode(tiny_model, frames, windows)
         got = [c.audio for c in audio if c.audio is not None and len(c.audio)]
         assert [len(g) for g in got] == [len(e) for e in expected]
         for g, e in zip(got, expected):
@@ -123,14 +132,15 @@ def test_first_audio_chunk_is_the_short_window(tiny_model):
     assert chunks[-1].finish_reason == "length"
 
 
-def test_audio_and_hidden_cannot_be_combined(tiny_model):
+def test_decoder_audio_needs_a_checkpoint_with_a_decoder(tiny_model):
     async def scenario():
         engine = GraphEngine(tiny_model)
+        engine.hidden_audio = False  # as for a checkpoint without asset/Decoder.safetensors
         await engine.start()
         try:
             req = dataclasses.replace(request(tiny_model, 0, "x", SamplingParams()), want_audio=True,
                                       want_hidden=True)
-            with pytest.raises(EngineError, match="want_hidden"):
+            with pytest.raises(EngineError, match="no Decoder"):
                 engine.submit(req)
         finally:
             await engine.stop()

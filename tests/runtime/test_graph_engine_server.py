@@ -69,3 +69,65 @@ def test_a_dead_engine_process_fails_readiness_and_ends_the_server(start_server)
     # The server notices, stops being ready and exits non-zero so its pod is restarted.
     assert graph.proc.wait(timeout=60) == 1
     assert "engine process exited with code -9" in graph.log()
+
+
+def _speak(srv, text: str, stream: bool, **fields) -> tuple[np.ndarray, str | None]:
+    with srv.client(timeout=600) as client:
+        resp = speech(client, input=text, response_format="pcm", stream=stream, **fields)
+        assert resp.status_code == 200, resp.text
+        return np.frombuffer(resp.content, dtype=np.int16), resp.headers.get("X-ChatTTS-Refined-Text")
+
+
+def _assert_same_audio(expected: np.ndarray, got: np.ndarray, path: str) -> None:
+    assert len(expected) > 0 and expected.shape == got.shape
+    diff = np.abs(expected.astype(np.int32) - got.astype(np.int32)).max()
+    # As above: codes equal, the Decoder path's float hidden states round a few int16 steps apart.
+    assert diff == 0 if path == "dvae" else diff <= 8, diff
+
+
+@pytest.mark.parametrize("path", ["decoder", "dvae"])
+def test_refine_text_on_the_graph_engine_serves_the_reference_audio(start_server, path):
+    """Upstream's pipeline on both engines (refine-text on, as by default, greedy): the same refined
+    text, then the same audio, streamed (decoded in the graph engine's loop) or whole."""
+    texts = ["hello world, this is refine-text on the graph engine", "short one"]
+    settings = {"generation": {"refine_text": True, "audio_decoder": path}}
+    greedy_refine = {"refine_temperature": 0, "refine_max_new_tokens": 24}
+    reference = start_server(settings)
+    expected = [_speak(reference, t, s, **greedy_refine) for t in texts for s in (False, True)]
+    graph = start_server({"engine_kind": "graph", **settings})
+    got = [_speak(graph, t, s, **greedy_refine) for t in texts for s in (False, True)]
+    for (e_audio, e_text), (g_audio, g_text) in zip(expected, got):
+        assert e_text is not None and g_text == e_text
+        _assert_same_audio(e_audio, g_audio, path)
+
+
+def test_graph_engine_defaults_to_upstreams_pipeline(tiny_checkpoint):
+    from chattts_runtime.config import RuntimeConfig
+
+    config = RuntimeConfig.model_validate({"model": {"path": str(tiny_checkpoint)}, "engine_kind": "graph"})
+    assert config.refine_text and config.audio_decoder == "decoder"
+
+
+LONG = ("the quick brown fox jumps over the lazy dog! " * 12).strip()
+
+
+@pytest.mark.parametrize("path", ["dvae", "decoder"])
+def test_long_input_on_the_graph_engine_streams_the_reference_audio(start_server, endless_checkpoint, path):
+    """A long input in several pieces: one continuous stream, as the reference engine serves it (the
+    speech API decodes the chained pieces' frames as one stream, windows across the joints)."""
+    settings = {"engine": {"max_model_len": 256}, "text": {"frames_per_text_token": 0.5},
+                "generation": {"max_new_frames": 300, "stream_chunk_frames": 12, "audio_decoder": path}}
+    reference = start_server(settings, checkpoint=endless_checkpoint)
+    graph = start_server({"engine_kind": "graph", **settings}, checkpoint=endless_checkpoint)
+    for stream in (True, False):
+        expected, _ = _speak(reference, LONG, stream)
+        got, _ = _speak(graph, LONG, stream)
+        _assert_same_audio(expected, got, path)
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.model import load_chattts
+    from chattts_runtime.text.frontend import FrontEnd
+
+    config = RuntimeConfig.model_validate({"model": {"path": str(endless_checkpoint)}, "engine_kind": "graph", **settings})
+    pieces = FrontEnd.from_config(config, load_chattts(endless_checkpoint).tokenizer).pieces(LONG)
+    assert len(pieces) > 2  # really in pieces
+    assert len(got) == (2 * sum(p.max_frames for p in pieces) - 1) * 256  # no gap at any joint

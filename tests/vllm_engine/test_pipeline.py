@@ -51,8 +51,7 @@ async def test_refine_tokens_equal_the_reference_refiner(vllm_engine, tiny_model
     prompts = [(refiner.prompt_ids(text, refine_params(i, greedy=greedy)), refine_params(i, greedy=greedy))
                for i, text in enumerate(TEXTS)]
     expected = [refiner.generate(prompt, params.sampling) for prompt, params in prompts]
-    got = await asyncio.gather(*(vllm_engine.refine_tokens(f"refine-{greedy}-{i}", prompt, params.sampling,
-                                                           refiner.end_id)
+    got = await asyncio.gather(*(vllm_engine.refine_text(f"refine-{greedy}-{i}", prompt, params.sampling)
                                  for i, (prompt, params) in enumerate(prompts)))
     for i, (have, want) in enumerate(zip(got, expected)):
         assert have == want, f"text {i}"
@@ -69,7 +68,7 @@ async def test_top_k_1_still_keeps_three_candidates_on_both_heads_as_upstream(vl
     prompt = refiner.prompt_ids("keep three", RefineParams())
     sampled = upstream_refine_sampling(seed=5, **narrow)
     want = refiner.generate(prompt, sampled)
-    assert await vllm_engine.refine_tokens("keep3-text", prompt, sampled, refiner.end_id) == want
+    assert await vllm_engine.refine_text("keep3-text", prompt, sampled) == want
     assert want != refiner.generate(prompt, upstream_refine_sampling(temperature=0, max_new_frames=40))
 
     def codes(prefix: str, **params):
@@ -95,8 +94,7 @@ async def test_refine_with_no_room_left_generates_nothing(vllm_engine, tiny_mode
     refiner = TextRefiner(tiny_model, max_model_len=MAX_MODEL_LEN)
     prompt = refiner.prompt_ids("no room", RefineParams())
     long_prompt = (prompt * (MAX_MODEL_LEN // len(prompt) + 1))[:MAX_MODEL_LEN]
-    got = await vllm_engine.refine_tokens("refine-room", long_prompt, upstream_refine_sampling(temperature=0),
-                                          refiner.end_id)
+    got = await vllm_engine.refine_text("refine-room", long_prompt, upstream_refine_sampling(temperature=0))
     assert got == []  # the reference refiner's loop does not start either (position == max_model_len)
 
 

@@ -23,6 +23,7 @@ Contract every engine keeps:
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
@@ -110,17 +111,55 @@ async def stream_chunks(queue, abandon: Callable[[], None], close: Callable[[], 
         close()
 
 
+class TextJobs:
+    """Refine-text jobs awaited on the event loop and settled from an engine's worker (thread or process).
+
+    An engine with ``refines_text`` runs upstream's refine pass itself, batched with other
+    requests' (``Engine.refine_text``): the result is the generated text-token ids.
+    """
+
+    def __init__(self):
+        self._futures: dict[str, asyncio.Future] = {}
+
+    async def run(self, job_id: str, enqueue: Callable[[], None], abandon: Callable[[], None]) -> list[int]:
+        """``enqueue()`` the job (it raises what refuses it), then wait for :meth:`settle`."""
+        if job_id in self._futures:
+            raise EngineError(f"duplicate request id {job_id}")
+        future = asyncio.get_running_loop().create_future()
+        self._futures[job_id] = future
+        try:
+            enqueue()
+            return await future
+        finally:
+            if not future.done():  # the caller went away: the engine drops the job
+                abandon()
+            self._futures.pop(job_id, None)
+
+    def settle(self, job_id: str, tokens: list[int] | None, error: str | None) -> None:
+        """On the event loop: the job's tokens, or the error that ended it."""
+        future = self._futures.pop(job_id, None)
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(EngineError(f"refine-text failed: {error}"))
+        else:
+            future.set_result(list(tokens))
+
+    def fail_all(self, error: str) -> None:
+        for job_id in list(self._futures):
+            self.settle(job_id, None, error)
+
+
 class Engine(abc.ABC):
     """Base class: see the module docstring for the contract."""
 
     name: str = "engine"
     decodes_audio: bool = False  # honours SynthesisRequest.want_audio (see there)
-    refines_text: bool = False  # runs refine-text itself (``refine_tokens``); else the speech API does
+    refines_text: bool = False  # has refine_text (runs refine-text batched with other requests)
 
-    async def refine_tokens(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                            end_id: int) -> list[int]:
-        """Refine-text's generated text ids, up to (not including) ``end_id`` (``refines_text`` engines)."""
-        raise NotImplementedError(f"the {self.name} engine does not run refine-text")
+    async def refine_text(self, job_id: str, prompt_ids: tuple[int, ...], params: SamplingParams) -> list[int]:
+        """Refine-text's generated ids for one prompt (``engines.refine`` builds it and reads them)."""
+        raise EngineError(f"the {self.name} engine does not run refine-text itself")
 
     @abc.abstractmethod
     async def start(self) -> None:

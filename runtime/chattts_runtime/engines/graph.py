@@ -48,9 +48,13 @@ import torch
 import torch.nn.functional as F
 
 from chattts_runtime.audio_io import StreamWindows, unsent_samples
-from chattts_runtime.engines.base import EngineError, FrameChunk, SchedulerObserver, SynthesisRequest
+from chattts_runtime.engines.base import (
+    EngineError, EngineStopped, FrameChunk, QueueFull, SchedulerObserver, SynthesisRequest)
 from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
-from chattts_runtime.model.sampling import block_end, draw, repetition_counts, token_probs
+from chattts_runtime.engines.base import TextJobs
+from chattts_runtime.model.refine import REFINE_END
+from chattts_runtime.model.sampling import (
+    SamplingParams, block_end, draw, new_generator, repetition_counts, token_probs)
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +114,23 @@ _PF_TEMPERATURE, _PF_TOP_P, _PF_PENALTY = range(3)
 PF_FLOAT_META = 3
 
 
-class SlotState:
-    """Device buffers shared by every captured graph (addresses must never change).
+class Slots:
+    """Device buffers shared by every captured graph of one kind of generation (addresses never change).
 
-    ``slots`` request slots plus one scratch slot (index ``slots``) for prefill padding.
+    ``slots`` request slots plus one scratch slot (index ``slots``) for prefill padding: a KV
+    cache ``[slots + 1, kv_heads, max_len, head_dim]`` per layer, the next input of each slot,
+    its sampling parameters and the ring of its last ``MAX_REPETITION_WINDOW`` sampled tokens
+    (``heads`` per step, each in ``[0, vocab)``; ``vocab`` marks an empty ring entry).
+    Subclasses say how a token is embedded and scored (:meth:`embed`, :meth:`logits`) and
+    what is kept of a sampled token (:meth:`record`).
     """
 
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
-                 audio_rows: int):
+    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int, *,
+                 heads: int, vocab: int, speaker_width: int):
         s = gpt.sizes
         total = slots + 1
-        self.slots, self.scratch, self.max_len, self.num_vq = slots, slots, max_len, s.num_vq
-        self.vocab = s.num_audio_tokens
+        self.gpt = gpt
+        self.slots, self.scratch, self.max_len, self.heads, self.vocab = slots, slots, max_len, heads, vocab
         kv = dict(dtype=gpt.dtype, device=device)
         self.keys = [torch.zeros(total, s.num_key_value_heads, max_len, s.head_dim, **kv)
                      for _ in range(s.num_hidden_layers)]
@@ -129,11 +138,11 @@ class SlotState:
         lng = dict(dtype=torch.long, device=device)
         self.rows = torch.arange(total, **lng)
         self.columns = torch.arange(max_len, **lng)
-        self.codes = torch.zeros(total, s.num_vq, **lng)  # next step's input = last sampled frame
+        self.ring = torch.arange(MAX_REPETITION_WINDOW, **lng)
+        self.codes = torch.zeros(total, heads, **lng)  # next step's input = last sampled token(s)
         self.position = torch.zeros(total, **lng)  # position id of the next input
-        self.generated = torch.zeros(total, **lng)  # frames sampled so far
-        self.history = torch.full((total, MAX_REPETITION_WINDOW, s.num_vq), self.vocab, **lng)
-        self.frames = torch.zeros(total, max_len, s.num_vq, **lng)  # every frame, for audio windows
+        self.generated = torch.zeros(total, **lng)  # tokens sampled so far
+        self.history = torch.full((total, MAX_REPETITION_WINDOW, heads), vocab, **lng)
         self.hidden = torch.zeros(total, s.hidden_size, **kv)
         f32 = dict(dtype=torch.float32, device=device)
         self.temperature = torch.zeros(total, **f32)
@@ -145,10 +154,8 @@ class SlotState:
         self.seed = torch.zeros(total, **lng)
         # Prefill inputs (written by one host->device copy per prefill) and output.
         self.prefill_long = torch.zeros(prefill_rows, PF_META + max_len, **lng)
-        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
-        self.prefill_codes = torch.zeros(prefill_rows, s.num_vq, **lng)
-        # Audio window inputs: (slot, first frame) per row.
-        self.audio_windows = torch.zeros(audio_rows, 2, **lng)
+        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + speaker_width, **f32)
+        self.prefill_codes = torch.zeros(prefill_rows, heads, **lng)
 
     def reset_sampling(self) -> None:
         self.position.zero_()
@@ -156,12 +163,80 @@ class SlotState:
         self.codes.zero_()
         self.history.fill_(self.vocab)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, heads]`` -> input embeddings ``[B, hidden]``."""
+        raise NotImplementedError
 
-def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torch.Tensor:
-    """``logits [B, num_vq, V]`` float32 of slots ``rows`` -> codes ``[B, num_vq]``.
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, hidden]`` -> float32 logits ``[B, heads, vocab]``."""
+        raise NotImplementedError
+
+    def record(self, rows, codes: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Keep sampled ``codes`` (from ``hidden``) as the slots' next input and in their repetition ring."""
+        generated = self.generated[rows]
+        index = self.rows[rows] if isinstance(rows, slice) else rows
+        self.history[index, generated % MAX_REPETITION_WINDOW] = codes
+        self.codes[rows] = codes
+        self.generated[rows] = generated + 1
+
+
+class SlotState(Slots):
+    """The audio-code slots: 4 code heads, every frame kept (and, for the Decoder path, its hidden state)."""
+
+    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
+                 audio_rows: int, hidden_audio: bool = False):
+        s = gpt.sizes
+        super().__init__(gpt, slots, max_len, device, prefill_rows, heads=s.num_vq, vocab=s.num_audio_tokens,
+                         speaker_width=s.hidden_size)
+        self.num_vq = s.num_vq
+        total = slots + 1
+        self.frames = torch.zeros(total, max_len, s.num_vq, dtype=torch.long, device=device)  # for audio windows
+        # The hidden state each frame was sampled from: what the Decoder path turns into audio.
+        self.hidden_frames = (torch.zeros(total, max_len, s.hidden_size, dtype=gpt.dtype, device=device)
+                              if hidden_audio else None)
+        # Audio window inputs: (slot, first frame) per row.
+        self.audio_windows = torch.zeros(audio_rows, 2, dtype=torch.long, device=device)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed.embed_codes(tokens)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed.code_logits(hidden)
+
+    def record(self, rows, codes: torch.Tensor, hidden: torch.Tensor) -> None:
+        # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
+        frame = self.generated[rows].clamp(max=self.max_len - 1)
+        index = self.rows[rows] if isinstance(rows, slice) else rows
+        self.frames[index, frame] = codes
+        if self.hidden_frames is not None:
+            self.hidden_frames[index, frame] = hidden
+        super().record(rows, codes, hidden)
+
+
+class TextSlots(Slots):
+    """Refine-text's slots: the text head (one token per step over the text vocabulary), no speaker.
+
+    A cache of their own rather than rows of the audio slots: a step over text rows scores a
+    21k-token vocabulary and sorts it, which the audio step (4 x 626 codes) must not pay for
+    its rows, and refine rows leave after a few hundred tokens at most.
+    """
+
+    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int):
+        super().__init__(gpt, slots, max_len, device, prefill_rows, heads=1, vocab=gpt.sizes.num_text_tokens,
+                         speaker_width=0)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed.emb_text(tokens[..., 0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed.head_text(hidden.float())[:, None, :]
+
+
+def sample_slots(state: Slots, rows, logits: torch.Tensor, eos: int) -> torch.Tensor:
+    """``logits [B, heads, V]`` float32 of slots ``rows`` -> tokens ``[B, heads]``.
 
     ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
-    greedy rows take the argmax, the others ``token_probs`` over their last ``window`` frames
+    greedy rows take the argmax, the others ``token_probs`` over their last ``window`` tokens
     and one counter-based uniform per head.
     """
     b, q, v = logits.shape
@@ -171,11 +246,11 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torc
     temperature = state.temperature[rows]
     greedy = temperature == 0
 
-    # Repetition counts of each code among the row's last `window` frames.
+    # Repetition counts of each token among the row's last `window` steps.
     w = MAX_REPETITION_WINDOW
-    age = (generated[:, None] - 1 - state.columns[None, :w]) % w  # ring slot j holds frame generated-1-age
+    age = (generated[:, None] - 1 - state.ring[None, :]) % w  # ring slot j holds step generated-1-age
     recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
-    recent = torch.where(recent_ok[:, :, None], state.history[rows], v)  # v = "no code"
+    recent = torch.where(recent_ok[:, :, None], state.history[rows], v)  # v = "no token"
     probs, order = token_probs(
         logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), state.penalty[rows],
         repetition_counts(recent, v), state.top_p[rows], state.top_k[rows],
@@ -184,24 +259,11 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int) -> torc
     return torch.where(greedy[:, None], greedy_codes, sampled)
 
 
-def record_frames(state: SlotState, rows, codes: torch.Tensor) -> None:
-    """Store sampled codes as the slots' next input, in their repetition history and frame history."""
-    generated = state.generated[rows]
-    ring = generated % MAX_REPETITION_WINDOW
-    # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
-    frame = generated.clamp(max=state.max_len - 1)
-    index = state.rows[rows] if isinstance(rows, slice) else rows
-    state.history[index, ring] = codes
-    state.frames[index, frame] = codes
-    state.codes[rows] = codes
-    state.generated[rows] = generated + 1
-
-
-def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> None:
+def decode_step(gpt, state: Slots, batch: int, length: int, eos: int) -> None:
     """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only."""
     rows = state.rows[:batch]
     position = state.position[:batch]
-    h = gpt.embed.embed_codes(state.codes[:batch]).to(gpt.dtype)[:, None, :]  # [B, 1, H]
+    h = state.embed(state.codes[:batch]).to(gpt.dtype)[:, None, :]  # [B, 1, H]
     cos, sin = gpt.llama.rotary_emb(h, position[:, None])
     mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
 
@@ -212,18 +274,18 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int) -> Non
 
     hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
     state.hidden[:batch] = hidden
-    codes = sample_slots(state, slice(0, batch), gpt.embed.code_logits(hidden), eos)
-    record_frames(state, slice(0, batch), codes)
+    codes = sample_slots(state, slice(0, batch), state.logits(hidden), eos)
+    state.record(slice(0, batch), codes, hidden)
     # Clamped so a row that already ended (read one step late) can never index past the cache.
     state.position[:batch] = torch.clamp(position + 1, max=state.max_len - 1)
 
 
-def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speaker_token: int | None) -> None:
+def prefill_step(gpt, state: Slots, rows: int, length: int, eos: int, speaker_token: int | None) -> None:
     """Prefill ``rows`` newcomers from ``state.prefill_*`` (prompts right-padded to ``length``); static shapes.
 
     Loads each newcomer's sampling parameters into its slot, embeds its prompt (the
     speaker token's position carries the L2-normed speaker vector), runs the prompt into
-    the slot's KV cache and samples its first frame into ``state.prefill_codes``.
+    the slot's KV cache and samples its first token(s) into ``state.prefill_codes``.
     Padding rows point at the scratch slot.
     """
     meta = state.prefill_long[:rows]
@@ -261,16 +323,74 @@ def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speake
     out = gpt.body(h, cos, sin, mask, write_kv)
     hidden = out[state.rows[:rows], lengths - 1]
     state.hidden[slots] = hidden
-    codes = sample_slots(state, slots, gpt.embed.code_logits(hidden), eos)
-    record_frames(state, slots, codes)
+    codes = sample_slots(state, slots, state.logits(hidden), eos)
+    state.record(slots, codes, hidden)
     state.prefill_codes[:rows] = codes
 
 
-def decode_windows(model, state: SlotState, rows: int, frames: int) -> torch.Tensor:
-    """Audio of ``rows`` windows of ``frames`` frames, each (slot, first frame) in ``state.audio_windows``."""
+def decode_windows(model, state: SlotState, rows: int, frames: int, hidden: bool = False) -> torch.Tensor:
+    """Audio of ``rows`` windows of ``frames`` frames, each (slot, first frame) in ``state.audio_windows``:
+    from their codes (DVAE) or, with ``hidden``, from their hidden states (Decoder)."""
     windows = state.audio_windows[:rows]
     index = (windows[:, 1:2] + state.columns[None, :frames]).clamp(max=state.max_len - 1)
+    if hidden:
+        return model.hidden_to_audio(state.hidden_frames[windows[:, 0:1], index])
     return model.codes_to_audio(state.frames[windows[:, 0:1], index])
+
+
+def pack_prefill(rows: int, length: int, speaker_width: int, scratch: int, items) -> tuple[np.ndarray, np.ndarray]:
+    """The host side of one prefill: ``items`` of (slot, prompt ids, SamplingParams, seed, speaker or None)
+    -> ``prefill_long`` and ``prefill_float`` rows; padding rows point at the scratch slot."""
+    meta = np.zeros((rows, PF_META + length), np.int64)
+    meta[:, _PF_SLOT] = scratch
+    meta[:, _PF_LENGTH] = 1
+    floats = np.zeros((rows, PF_FLOAT_META + speaker_width), np.float32)
+    for row, (slot, ids, p, seed, speaker) in enumerate(items):
+        meta[row, PF_META:PF_META + len(ids)] = ids
+        meta[row, :PF_META] = (len(ids), slot, speaker is not None, p.top_k, p.repetition_window,
+                               p.min_new_frames, _signed(seed % _U64))
+        floats[row, :PF_FLOAT_META] = (p.uniform_temperature, p.top_p, p.repetition_penalty)
+        if speaker is not None:
+            floats[row, PF_FLOAT_META:] = speaker
+    return meta, floats
+
+
+@dataclass
+class _TextJob:
+    """One refine-text prompt on its way through the text slots."""
+
+    job_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)
+
+
+class _RefineHost:
+    """Host mirror of the refine-text slots (index = slot; the last one is the scratch slot) and their jobs."""
+
+    def __init__(self, slots: int):
+        total = slots + 1
+        self.slots = slots
+        self.waiting: collections.deque[_TextJob] = collections.deque()
+        self.running: dict[int, _TextJob] = {}
+        self.free = list(range(slots))
+        self.active = np.zeros(total, bool)
+        self.epoch = np.zeros(total, np.int64)
+        self.position = np.zeros(total, np.int64)  # position id of the next input, as launched
+        self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
+
+    def admit(self) -> list[_TextJob]:
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.slots:
+            admitted.append(self.waiting.popleft())
+        return admitted
+
+    def reset(self) -> None:
+        self.running = {}
+        self.active[:] = False
+        self.free = list(range(self.slots))
 
 
 @dataclass
@@ -338,12 +458,13 @@ class GraphEngine(ReferenceEngine):
 
     name = "graph"
     decodes_audio = True
+    refines_text = True
 
     def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256, max_model_len: int = 2048,
                  observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None,
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
-                 windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 256,
-                 audio_rows: int = 64, pad_shapes: bool | None = None):
+                 windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
+                 audio_rows: int = 64, pad_shapes: bool | None = None, refine_slots: int | None = None):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
                          observer=observer)
         if emit_frames < 1:
@@ -371,7 +492,9 @@ class GraphEngine(ReferenceEngine):
             raise ValueError("admit_interval must be >= 0")
         # Past 64 rows, buckets every 32: a step over 160 slots should not pay for 256.
         self.batch_buckets = bucket_sizes(max_num_seqs, step=32)
-        self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len))
+        # KV lengths: doubling up to 512, then every 256 (a batch at 1,100 positions should not attend
+        # over 2,048; long requests make attention the larger part of a step).
+        self.length_buckets = bucket_sizes(max_model_len, smallest=min(128, max_model_len), step=256)
         self.prefill_rows = min(prefill_rows, max_num_seqs)
         self.prefill_row_buckets = bucket_sizes(self.prefill_rows)
         # Longer prompts are prefilled eagerly (same code, exact shape).
@@ -380,10 +503,26 @@ class GraphEngine(ReferenceEngine):
         self.audio_rows = audio_rows
         self.audio_row_buckets = bucket_sizes(audio_rows)
         self.audio_lengths = [n for n in self.windows.regular_shapes() if n <= max_model_len]
+        # The Decoder path (hidden states -> audio) in the loop too, when the checkpoint has a Decoder.
+        self.hidden_audio = getattr(model, "decoder", None) is not None
+        self.audio_paths = (False, True) if self.hidden_audio else (False,)
+        # Refine-text rows (text head) in slots of their own: as many as audio slots unless told.
+        self.refine_slots = max_num_seqs if refine_slots is None else refine_slots
+        if self.refine_slots < 1:
+            raise ValueError("refine_slots must be >= 1")
+        self.refine_batch_buckets = bucket_sizes(self.refine_slots, step=32)
+        self.refine_prefill_rows = min(self.prefill_rows, self.refine_slots)
+        self.refine_prefill_row_buckets = bucket_sizes(self.refine_prefill_rows)
+        self._text: TextSlots | None = None
+        self._text_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._text_prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._refine = _RefineHost(self.refine_slots)
+        self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
+        self._text_jobs = TextJobs()
         self._state: SlotState | None = None
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._audio_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._audio_graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._audio_stream = None
         self._speaker_token = getattr(model.tokenizer, "spk_emb_id", None)
         self._samples_per_frame = model.sizes.samples_per_frame
@@ -400,15 +539,20 @@ class GraphEngine(ReferenceEngine):
         self._limit = np.zeros(total, np.int64)  # frames allowed (max_new_frames, max_model_len)
         self._next_emit = np.zeros(total, np.int64)  # frame count at which the next chunk is due
         self._position = np.zeros(total, np.int64)  # position id of the next input, as launched
-        self._want_hidden = np.zeros(total, bool)
+        self._want_hidden = np.zeros(total, bool)  # hidden states handed out (not decoded here)
+        self._hidden_audio = np.zeros(total, bool)  # audio decoded here from hidden states (Decoder path)
         self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
     def describe(self) -> dict:
         return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
-                "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
+                "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs)
+                + len(self._text_graphs) + len(self._text_prefill_graphs),
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
-                "audio_graphs": len(self._audio_graphs), "emit_frames": self.emit_frames,
+                "audio_graphs": len(self._audio_graphs), "refine_graphs": len(self._text_graphs)
+                + len(self._text_prefill_graphs), "refine_slots": self.refine_slots,
+                "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
+                "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
 
     @property
@@ -424,8 +568,8 @@ class GraphEngine(ReferenceEngine):
         if request.params.repetition_window > MAX_REPETITION_WINDOW:
             raise EngineError(f"repetition_window {request.params.repetition_window} exceeds "
                               f"{MAX_REPETITION_WINDOW} (graph engine)")
-        if request.want_audio and request.want_hidden:
-            raise EngineError("want_audio decodes codes (DVAE); it cannot be combined with want_hidden")
+        if request.want_audio and request.want_hidden and not self.hidden_audio:
+            raise EngineError("want_audio with want_hidden decodes hidden states, and this checkpoint has no Decoder")
         return super().submit(request)
 
     async def start(self) -> None:
@@ -450,16 +594,20 @@ class GraphEngine(ReferenceEngine):
     def _setup(self) -> None:
         self.model.gpt.embed.fuse_weight_norm()  # no re-normalisation inside the graphs
         self._state = SlotState(self.model.gpt, self.max_num_seqs, self.max_model_len, self.model.device,
-                                self.prefill_rows, self.audio_rows)
+                                self.prefill_rows, self.audio_rows, hidden_audio=self.hidden_audio)
+        self._text = TextSlots(self.model.gpt, self.refine_slots, self.max_model_len, self.model.device,
+                               self.refine_prefill_rows)
         if self.cuda:
             self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
             began = time.monotonic()
             self._capture_all()
             self.capture_seconds = time.monotonic() - began
-            log.info("captured %d decode, %d prefill and %d audio graphs in %.1f s", len(self._graphs),
-                     len(self._prefill_graphs), len(self._audio_graphs), self.capture_seconds)
+            log.info("captured %d decode, %d prefill, %d audio and %d refine-text graphs in %.1f s",
+                     len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs),
+                     len(self._text_graphs) + len(self._text_prefill_graphs), self.capture_seconds)
         self._state.reset_sampling()
+        self._text.reset_sampling()
 
     def _capture(self, stream, pool, fn):
         """Warm ``fn`` up on ``stream`` (kernels chosen, workspaces made), then capture it there."""
@@ -489,12 +637,26 @@ class GraphEngine(ReferenceEngine):
             for length in reversed(self.prefill_length_buckets):
                 self._prefill_graphs[(rows, length)], _ = self._capture(
                     side, pool, lambda: prefill_step(gpt, state, rows, length, eos, self._speaker_token))
+        text, end = self._text, self._refine_end
+        if end is not None:
+            text.prefill_long[:, _PF_SLOT] = text.scratch
+            text.prefill_long[:, _PF_LENGTH] = 1
+            for batch in reversed(self.refine_batch_buckets):
+                for length in reversed(self.length_buckets):
+                    self._text_graphs[(batch, length)], _ = self._capture(
+                        side, pool, lambda: decode_step(gpt, text, batch, length, end))
+            for rows in reversed(self.refine_prefill_row_buckets):
+                for length in reversed(self.prefill_length_buckets):
+                    self._text_prefill_graphs[(rows, length)], _ = self._capture(
+                        side, pool, lambda: prefill_step(gpt, text, rows, length, end, None))
         audio_pool = torch.cuda.graph_pool_handle()
         try:
-            for rows in reversed(self.audio_row_buckets):
-                for frames in reversed(self.audio_lengths):
-                    self._audio_graphs[(rows, frames)] = self._capture(
-                        self._audio_stream, audio_pool, lambda: decode_windows(self.model, state, rows, frames))
+            for hidden in self.audio_paths:
+                for rows in reversed(self.audio_row_buckets):
+                    for frames in reversed(self.audio_lengths):
+                        self._audio_graphs[(hidden, rows, frames)] = self._capture(
+                            self._audio_stream, audio_pool,
+                            lambda: decode_windows(self.model, state, rows, frames, hidden))
         except RuntimeError:  # an audio model that cannot be captured still serves, eagerly
             log.exception("audio decode could not be captured; audio windows run eagerly")
             self._audio_graphs.clear()
@@ -512,11 +674,14 @@ class GraphEngine(ReferenceEngine):
                 self._ready.set()
                 return
             self._ready.set()
-            in_flight: list[_Output] = []
+            # Launched steps and prefills not read yet: (is refine-text, output).
+            in_flight: list[tuple[bool, _Output]] = []
+            refine = self._refine
             while True:
                 with self._cond:
                     while (not self._stopping and not self._waiting and not self._running and not self._aborted
-                           and not in_flight and not self._audio_fifo):
+                           and not in_flight and not self._audio_fifo and not refine.waiting
+                           and not refine.running):
                         self._cond.wait()
                     if self._stopping:
                         return
@@ -524,43 +689,55 @@ class GraphEngine(ReferenceEngine):
                     if aborted:
                         self._waiting = type(self._waiting)(s for s in self._waiting
                                                             if s.request.request_id not in aborted)
+                        refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
                     admitted = []
                     if self._admit_now():
                         while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
                             admitted.append(self._waiting.popleft())
+                    text_admitted = refine.admit()
                 events: list[tuple[str, FrameChunk]] = []
                 windows: list[_Window] = []
                 try:
                     for seq in list(self._running.values()):
                         if seq.request.request_id in aborted:
                             self._finish(seq, "aborted", events, windows)
-                    launched: list[_Output] = []
+                    for job in list(refine.running.values()):
+                        if job.job_id in aborted:
+                            self._end_text(job, "aborted")
+                    launched: list[tuple[bool, _Output]] = []
+                    for first in range(0, len(text_admitted), self.refine_prefill_rows):
+                        launched.append((True, self._prefill_text(text_admitted[first:first + self.refine_prefill_rows])))
+                    if refine.running:
+                        launched.append((True, self._launch_text_step()))
                     for first in range(0, len(admitted), self.prefill_rows):
-                        launched.append(self._prefill(admitted[first:first + self.prefill_rows]))
+                        launched.append((False, self._prefill(admitted[first:first + self.prefill_rows])))
                     if self._running:
-                        launched.append(self._launch_step())
+                        launched.append((False, self._launch_step()))
                     # Read the previous iteration's codes while the GPU runs this one.
-                    for out in in_flight:
-                        self._accept(out, events, windows)
+                    for text, out in in_flight:
+                        self._accept_text(out) if text else self._accept(out, events, windows)
                     in_flight = launched
-                    if not self._running:  # nothing left to launch: take what is in flight now
-                        for out in in_flight:
-                            self._accept(out, events, windows)
+                    if not self._running and not refine.running:  # nothing left to launch: take it all now
+                        for text, out in in_flight:
+                            self._accept_text(out) if text else self._accept(out, events, windows)
                         in_flight = []
                     self._launch_audio(windows)
-                    idle = not self._running and not in_flight
+                    idle = not self._running and not in_flight and not refine.running
                     while self._audio_fifo and self._audio_fifo[0].done(block=idle):
                         self._hand_out_audio(self._audio_fifo.popleft(), events)
                 except Exception as err:  # keep serving: fail what was in flight, start clean
                     log.exception("generation step failed")
-                    self._fail_all(err, admitted, windows, events)
+                    self._fail_all(err, admitted, windows, events, text_admitted)
                     in_flight = []
                 if events and not self._emit(events):
                     return
 
     def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
-                  events: list[tuple[str, FrameChunk]]) -> None:
+                  events: list[tuple[str, FrameChunk]], text_admitted: list[_TextJob]) -> None:
         """Every request not finished from its stream's point of view ends with the error."""
+        for job in {j.job_id: j for j in [*self._refine.running.values(), *text_admitted]}.values():
+            self._text_result(job.job_id, None, str(err))
+        self._refine.reset()
         seqs = list(self._running.values()) + admitted + [w.seq for w in windows]
         seqs += [w.seq for batch in self._audio_fifo for w in batch.windows]
         told = set()
@@ -615,25 +792,13 @@ class GraphEngine(ReferenceEngine):
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
             slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
         n = len(slotted)
-        longest = max(len(s.request.prompt_ids) for s in slotted)
-        rows = pick_bucket(self.prefill_row_buckets, n) if self.pad_shapes else n
-        graph_length = next((b for b in self.prefill_length_buckets if b >= longest), None)
-        length = graph_length if self.pad_shapes and graph_length is not None else longest
-        meta = np.zeros((rows, PF_META + length), np.int64)
-        meta[:, _PF_SLOT] = state.scratch
-        meta[:, _PF_LENGTH] = 1
-        floats = np.zeros((rows, PF_FLOAT_META + self.model.sizes.gpt.hidden_size), np.float32)
-        for row, seq in enumerate(slotted):
-            req, p = seq.request, seq.request.params
-            ids = req.prompt_ids
-            meta[row, PF_META:PF_META + len(ids)] = ids
-            seed = seq.generator.initial_seed() if seq.generator is not None else 0
-            meta[row, :PF_META] = (len(ids), seq.slot, req.speaker is not None, p.top_k, p.repetition_window,
-                                   p.min_new_frames, _signed(seed % _U64))
-            floats[row, :PF_FLOAT_META] = (p.uniform_temperature, p.top_p, p.repetition_penalty)
-            if req.speaker is not None:
-                floats[row, PF_FLOAT_META:] = req.speaker
-            seq.position = len(ids)
+        rows, length = self._prefill_shape(n, max(len(s.request.prompt_ids) for s in slotted),
+                                           self.prefill_row_buckets)
+        meta, floats = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
+            (s.slot, s.request.prompt_ids, s.request.params,
+             s.generator.initial_seed() if s.generator is not None else 0, s.request.speaker) for s in slotted])
+        for seq in slotted:
+            seq.position = len(seq.request.prompt_ids)
         if self._audio_stream is not None:
             # Slots being reused may still be read by audio windows of their last occupants.
             torch.cuda.current_stream().wait_stream(self._audio_stream)
@@ -652,7 +817,8 @@ class GraphEngine(ReferenceEngine):
                                         self.max_model_len - seq.position + 1)
             self._next_emit[seq.slot] = (self.windows.next_end(0) if seq.request.want_audio
                                          else self.emit_frames)
-            self._want_hidden[seq.slot] = seq.request.want_hidden
+            self._want_hidden[seq.slot] = seq.request.want_hidden and not seq.request.want_audio
+            self._hidden_audio[seq.slot] = seq.request.want_hidden and seq.request.want_audio
         self._epoch[slots] += 1
         self._active[slots] = True
         self._count[slots] = 0
@@ -665,6 +831,116 @@ class GraphEngine(ReferenceEngine):
                       self._to_host(state.hidden[slots_dev]) if want_hidden else None)
         out.ready = self._event()
         return out
+
+    def _prefill_shape(self, n: int, longest: int, row_buckets: list[int]) -> tuple[int, int]:
+        """(rows, prompt length) of a prefill of ``n`` prompts: padded to a captured shape when there is one."""
+        rows = pick_bucket(row_buckets, n) if self.pad_shapes else n
+        graph_length = next((b for b in self.prefill_length_buckets if b >= longest), None)
+        return rows, graph_length if self.pad_shapes and graph_length is not None else longest
+
+    # -- refine-text (the text slots) --------------------------------------------------------------
+
+    def enqueue_text(self, job_id: str, prompt_ids, params: SamplingParams) -> None:
+        """Queue a refine-text prompt; its tokens go to ``_text_result`` (``refine_text`` awaits them)."""
+        if self._refine_end is None:
+            raise EngineError(f"the checkpoint's tokenizer has no {REFINE_END}: refine-text is not available")
+        if len(prompt_ids) + 1 > self.max_model_len:
+            raise EngineError(f"refine-text prompt of {len(prompt_ids)} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        if params.uniform_temperature is None or params.repetition_window > MAX_REPETITION_WINDOW:
+            raise EngineError("refine-text samples at one temperature over at most "
+                              f"{MAX_REPETITION_WINDOW} tokens of repetition window")
+        generator = new_generator(params)
+        job = _TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("engine is stopping")
+            if len(self._refine.waiting) >= self.max_waiting:
+                raise QueueFull(len(self._refine.waiting), retry_after=1.0)
+            self._refine.waiting.append(job)
+            self._cond.notify()
+
+    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams) -> list[int]:
+        if self._loop is None:
+            raise EngineError("engine not started")
+        return await self._text_jobs.run(job_id, lambda: self.enqueue_text(job_id, prompt_ids, params),
+                                         lambda: self.abort(job_id))
+
+    def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None) -> None:
+        """A refine job ended (worker thread); the engine process replaces this with a pipe message."""
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error)
+            except RuntimeError:  # the event loop is gone
+                pass
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._text_jobs.fail_all("engine stopped")
+
+    def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
+        text, host = self._text, self._refine
+        for job in jobs:
+            job.slot = heapq.heappop(host.free)
+        n = len(jobs)
+        rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs), self.refine_prefill_row_buckets)
+        meta, floats = pack_prefill(rows, length, 0, text.scratch,
+                                    [(j.slot, j.prompt_ids, j.params, j.seed, None) for j in jobs])
+        self._to_device(text.prefill_long[:rows, :PF_META + length], meta)
+        self._to_device(text.prefill_float[:rows], floats)
+        graph = self._text_prefill_graphs.get((rows, length))
+        if graph is not None:
+            graph.replay()
+        else:
+            prefill_step(self.model.gpt, text, rows, length, self._refine_end, None)
+        slots = np.array([j.slot for j in jobs], np.int64)
+        for job in jobs:
+            host.running[job.slot] = job
+            # As engines.refine: at most max_new_frames tokens, and no position past max_model_len.
+            host.limit[job.slot] = min(job.params.max_new_frames, self.max_model_len - len(job.prompt_ids))
+        host.epoch[slots] += 1
+        host.active[slots] = True
+        host.position[slots] = [len(j.prompt_ids) for j in jobs]
+        out = _Output(slots, host.epoch[slots].copy(), np.arange(n), self._to_host(text.prefill_codes[:n]), None)
+        out.ready = self._event()
+        return out
+
+    def _launch_text_step(self) -> _Output:
+        text, host = self._text, self._refine
+        slots = np.flatnonzero(host.active)
+        batch = pick_bucket(self.refine_batch_buckets, int(slots[-1]) + 1)
+        need = min(int(host.position[slots].max()), self.max_model_len - 1) + 1
+        length = pick_bucket(self.length_buckets, need)
+        graph = self._text_graphs.get((batch, length))
+        if graph is not None:
+            graph.replay()
+        else:
+            decode_step(self.model.gpt, text, batch, length, self._refine_end)
+        host.position[slots] += 1
+        out = _Output(slots, host.epoch[slots].copy(), slots, self._to_host(text.codes[:batch]), None)
+        out.ready = self._event()
+        return out
+
+    def _accept_text(self, out: _Output) -> None:
+        tokens, _ = out.fetch()
+        host = self._refine
+        live = host.active[out.slots] & (host.epoch[out.slots] == out.epochs)
+        for slot, row in zip(out.slots[live], out.rows[live]):
+            job = host.running[int(slot)]
+            token = int(tokens[row, 0])
+            if token == self._refine_end:
+                self._end_text(job, None)
+                continue
+            job.tokens.append(token)
+            if len(job.tokens) >= host.limit[slot]:
+                self._end_text(job, None)
+
+    def _end_text(self, job: _TextJob, error: str | None) -> None:
+        host = self._refine
+        host.active[job.slot] = False
+        del host.running[job.slot]
+        heapq.heappush(host.free, job.slot)
+        self._text_result(job.job_id, job.tokens, error)
 
     # -- decode steps ----------------------------------------------------------------------------
 
@@ -756,41 +1032,41 @@ class GraphEngine(ReferenceEngine):
     # -- audio windows ---------------------------------------------------------------------------
 
     def _launch_audio(self, windows: list[_Window]) -> None:
-        """Decode due windows, grouped by length (one graph per group and row bucket), in order."""
+        """Decode due windows, grouped by audio path and length (one graph per group and row bucket), in order."""
         if not windows:
             return
         for w in windows:
             w.seq.pending_window = None
         markers = [w for w in windows if w.end == w.start]
-        by_length: dict[int, list[_Window]] = {}
+        by_shape: dict[tuple[bool, int], list[_Window]] = {}
         for w in windows:
             if w.end > w.start:
-                by_length.setdefault(w.end - w.start, []).append(w)
-        for frames, group in by_length.items():
+                by_shape.setdefault((bool(self._hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
+        for (hidden, frames), group in by_shape.items():
             for first in range(0, len(group), self.audio_rows):
-                self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames))
+                self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames, hidden))
         if markers:  # ends with no new frames: handed out after every window launched before them
             self._audio_fifo.append(_AudioBatch(markers))
 
-    def _decode_audio(self, group: list[_Window], frames: int) -> _AudioBatch:
+    def _decode_audio(self, group: list[_Window], frames: int, hidden: bool) -> _AudioBatch:
         state = self._state
         n = len(group)
         padded = self.pad_shapes and frames in self.audio_lengths
         rows = pick_bucket(self.audio_row_buckets, n) if padded else n
-        graph = self._audio_graphs.get((rows, frames))
+        graph = self._audio_graphs.get((hidden, rows, frames))
         spec = np.zeros((rows, 2), np.int64)
         spec[:, 0] = state.scratch
         spec[:n] = [(w.seq.slot, w.start) for w in group]
         if not self.cuda:
             self._to_device(state.audio_windows[:rows], spec)
-            return _AudioBatch(group, decode_windows(self.model, state, rows, frames).float())
+            return _AudioBatch(group, decode_windows(self.model, state, rows, frames, hidden).float())
         with torch.cuda.stream(self._audio_stream):
             self._to_device(state.audio_windows[:rows], spec)
             if graph is not None:
                 graph_, audio = graph
                 graph_.replay()
             else:
-                audio = decode_windows(self.model, state, rows, frames)
+                audio = decode_windows(self.model, state, rows, frames, hidden)
             host = self._to_host(audio[:n])
             event = torch.cuda.Event()
             event.record(self._audio_stream)

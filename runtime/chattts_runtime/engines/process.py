@@ -32,7 +32,7 @@ import numpy as np
 
 from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver, SynthesisRequest,
-    stream_chunks)
+    TextJobs, stream_chunks)
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,15 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
         return send(("chunks", batch, scheduled, steps, engine.num_waiting, engine.num_running))
 
     engine._emit = emit  # chunks go to the pipe instead of an event loop
+    refines = bool(getattr(engine, "refines_text", False))
+    if refines:
+        engine._text_result = lambda job_id, tokens, error: send(("refined", job_id, tokens, error))
     # torch and the model stay for the process's life: out of the cyclic collector's full passes,
     # which would otherwise stall the engine loop for 100s of ms now and then.
     gc.collect()
     gc.freeze()
-    send(("ready", engine.describe(), bool(getattr(engine, "decodes_audio", False)), engine.model.sizes.gpt.num_vq))
+    send(("ready", engine.describe(), bool(getattr(engine, "decodes_audio", False)), engine.model.sizes.gpt.num_vq,
+          refines))
     try:
         while True:
             try:
@@ -173,6 +177,12 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
                 except EngineError as err:  # refused after all (the parent checked most of it)
                     emit([(request.request_id, FrameChunk(engine._empty(), finished=True, finish_reason="error",
                                                           error=str(err)))])
+            elif message[0] == "refine" and refines:
+                _, job_id, prompt_ids, params = message
+                try:
+                    engine.enqueue_text(job_id, prompt_ids, params)
+                except EngineError as err:
+                    send(("refined", job_id, None, str(err)))
             elif message[0] == "abort":
                 engine.abort(message[1])
             elif message[0] == "stop":
@@ -197,6 +207,8 @@ class ProcessEngine(Engine):
         self.on_failure = on_failure
         self.start_timeout = start_timeout
         self.decodes_audio = False  # known once the child is ready
+        self.refines_text = False  # likewise
+        self._text_jobs = TextJobs()
         self.failed: str | None = None
         self._described: dict[str, Any] = {}
         self._streams: dict[str, asyncio.Queue[FrameChunk]] = {}
@@ -282,6 +294,18 @@ class ProcessEngine(Engine):
         rid = request.request_id
         return stream_chunks(queue, lambda: self.abort(rid), lambda: self._forget(rid))
 
+    async def refine_text(self, job_id: str, prompt_ids, params) -> list[int]:
+        if not self.refines_text:
+            return await super().refine_text(job_id, prompt_ids, params)
+
+        def enqueue() -> None:
+            if self.failed is not None:
+                raise EngineStopped(f"engine process failed: {self.failed}")
+            if self._stopping or not self._send(("refine", job_id, tuple(prompt_ids), params)):
+                raise EngineStopped("engine process is not running")
+
+        return await self._text_jobs.run(job_id, enqueue, lambda: self.abort(job_id))
+
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._requests.pop(request_id, None)
@@ -336,8 +360,10 @@ class ProcessEngine(Engine):
                 queue = self._streams.get(request_id)
                 if queue is not None:
                     queue.put_nowait(chunk)
+        elif kind == "refined":
+            self._text_jobs.settle(*message[1:])
         elif kind == "ready":
-            self._described, self.decodes_audio, self._num_vq = message[1], message[2], message[3]
+            self._described, self.decodes_audio, self._num_vq, self.refines_text = message[1:5]
             if not self._ready.done():
                 self._ready.set_result(None)
         elif kind == "failed":
@@ -358,6 +384,7 @@ class ProcessEngine(Engine):
             self.on_failure(reason)
 
     def _end_all(self, reason: str, error: str | None) -> None:
+        self._text_jobs.fail_all(error or reason)
         for queue in list(self._streams.values()):
             queue.put_nowait(FrameChunk(np.zeros((0, self._num_vq), np.int64), finished=True, finish_reason=reason,
                                         error=error))

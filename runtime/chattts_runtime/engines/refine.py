@@ -1,7 +1,9 @@
 """Refine-text generation with the GPT's text head (see ``model/refine.py`` for what it is).
 
-One request at a time over its own KV cache, on the caller's thread (the speech service runs it
-in a worker thread of its own, never on the event loop). Sampling is ``model.sampling``'s, with
+Here: one request at a time over its own KV cache, on the caller's thread (the speech service runs
+it in a worker thread of its own, never on the event loop), for engines that do not refine
+themselves; the graph engine runs the same prompts batched in slots of its own
+(``Engine.refine_text``) and :meth:`TextRefiner.read` turns either's ids into text. Sampling is ``model.sampling``'s, with
 one text "codebook": the same order and limits as upstream, greedy when ``temperature == 0``.
 """
 from __future__ import annotations
@@ -75,9 +77,9 @@ class TextRefiner:
 
     def refine(self, text: str, params: RefineParams) -> RefinedText:
         prompt = self.prompt_ids(text, params)
-        return self.result(prompt, self.generate(prompt, params.sampling))
+        return self.read(self.generate(prompt, params.sampling), len(prompt))
 
-    def result(self, prompt: list[int], generated: list[int]) -> RefinedText:
-        """Generated ids (by this refiner or an engine that refines) -> the text the audio pass reads."""
+    def read(self, generated: list[int], prompt_tokens: int) -> RefinedText:
+        """The text the audio pass reads from refine's generated ids (here or by an engine that refines)."""
         kept = [t for t in generated if t < self.break_0]
-        return RefinedText(self.model.tokenizer.decode(kept), tuple(generated), len(prompt))
+        return RefinedText(self.model.tokenizer.decode(kept), tuple(generated), prompt_tokens)

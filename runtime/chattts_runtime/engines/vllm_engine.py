@@ -18,7 +18,7 @@ arrival time; with log stats disabled, the first output's arrival is used instea
 
 The upstream pipeline (``Chat.infer()``'s defaults) runs here as on the reference engine:
 
-* **refine-text** (:meth:`VLLMEngine.refine_tokens`): a second vLLM request per text piece,
+* **refine-text** (:meth:`VLLMEngine.refine_text`): a second vLLM request per text piece,
   its prompt upstream's ``[Sbreak]text[Pbreak]controls`` (``model/refine.py``); the plugin
   model sees the payload's text end id, embeds generated ids with ``emb_text``, scores them
   with the text head and samples with ``model.sampling.sample_tokens`` (upstream's order:
@@ -67,6 +67,7 @@ from chattts_runtime.config import RuntimeConfig, WeightFormat
 from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull, SchedulerObserver,
     SynthesisRequest)
+from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.model.config import GPT_DIR
 from chattts_runtime.vllm_plugin import LOGITS_PROCESSOR
@@ -436,10 +437,9 @@ class VLLMEngine(Engine):
 
     # -- refine-text -----------------------------------------------------------------------
 
-    async def refine_tokens(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                            end_id: int) -> list[int]:
+    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams) -> list[int]:
         """Refine-text as a second generation: the text head's ids after the prompt, up to (not
-        including) ``end_id``, ``params.max_new_frames`` or ``max_model_len``, as the reference's
+        including) refine's end token, ``params.max_new_frames`` or ``max_model_len``, as the reference's
         ``TextRefiner.generate`` (one vLLM request, batched with everything else)."""
         from vllm.inputs import TokensPrompt  # noqa: PLC0415
 
@@ -447,6 +447,10 @@ class VLLMEngine(Engine):
             raise EngineError("engine not started")
         if self._stopping or self._dead is not None:
             raise EngineStopped(self._dead or "engine is stopping")
+        request_id = job_id
+        end_id = self.model.tokenizer.token_id(REFINE_END)
+        if end_id is None:
+            raise EngineError(f"the checkpoint's tokenizer has no {REFINE_END}: refine-text is not available")
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             return []
