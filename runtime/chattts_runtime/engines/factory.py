@@ -57,4 +57,6 @@ def resolve_dtype(config: RuntimeConfig, device: str):
     names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if config.engine.dtype in names:
         return names[config.engine.dtype]
-    return torch.bfloat16 if device == "cuda" else torch.float32
+    # float16 on CUDA: closer to float32 than bfloat16 in bench/results/dtype-agreement-h200-*.md, and the
+    # dtype upstream itself moves its GPT to (flash-attention path); float32 elsewhere, as upstream.
+    return torch.float16 if device == "cuda" else torch.float32
