@@ -101,7 +101,7 @@ EOF
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
 declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180
-                [upstream]=180 [memprobe]=150 [dtype]=150 [reference]=200 [loadgen]=90)
+                [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 LEVELS="${LEVELS:-1,16,64,128,256}"
 ROUNDS="${ROUNDS:-2}"
 RESERVE_S=15
