@@ -33,7 +33,7 @@ def test_each_engine_is_planned_and_a_graph_spec_that_does_not_fit_is_refused_in
     # 257 slots x 4096 tokens x 60 KiB = 60 GiB of slot cache in a 24 GiB slice; engine.kind unset: graph.
     too_big = ctd("slots", replicas=1, gpu={"memory": "24Gi"}, engine={"maxNumSeqs": 256, "maxModelLen": 4096})
     fits = ctd("awq", replicas=1, model={"hostPath": {"path": "/srv/models/chattts"}, "format": "awq"},
-               gpu={"memory": "16Gi"}, engine={"maxNumSeqs": 128, "maxModelLen": 1024})
+               gpu={"memory": "24Gi"}, engine={"maxNumSeqs": 128, "maxModelLen": 1024})
     apply(kubectl, namespace, too_big, fits)
 
     obj = wait_until(lambda: observed(kubectl, namespace, "slots", 1), "slots observed", timeout=60)

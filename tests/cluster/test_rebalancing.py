@@ -435,7 +435,7 @@ def test_quantization_job_runs_and_serving_switches_to_read_only_awq(cluster, na
                 "replicas": 2,
                 "model": {"pvc": {"claimName": "weights", "subPath": "chattts-fp16"}, "format": "fp16"},
                 "gpu": {"memory": "8Gi"},
-                "engine": {"maxModelLen": 512},  # the graph engine's slot cache fits 8Gi at this length
+                "engine": {"maxModelLen": 256},  # the graph engine's slot cache fits 8Gi at this length
                 "quantization": {"calibration": {"configMap": {"name": "calib", "key": "texts.jsonl"}},
                                  "output": {"claimName": "weights-rw", "subPath": "awq"}, "nSamples": 8},
             },

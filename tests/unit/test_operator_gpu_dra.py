@@ -19,7 +19,8 @@ H200_MIB = 143_771
 
 def body(gpu: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
     return {"metadata": {"name": "tts", "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": {"replicas": replicas, "model": {"hostPath": {"path": "/m"}, "format": "fp16"}, "gpu": gpu}}
+            "spec": {"replicas": replicas, "model": {"hostPath": {"path": "/m"}, "format": "fp16"}, "gpu": gpu,
+                     "engine": {"maxModelLen": 1024}}}  # the graph engine fits 16Gi at 64 x 1024
 
 
 def test_dra_asks_one_device_per_rank_with_memory_as_capacity():
