@@ -36,7 +36,8 @@ PROFILES = ("gpu-memory", "dra")
 def ctd(name: str, profile: str) -> dict[str, Any]:
     return {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment", "metadata": {"name": name},
             "spec": {"replicas": 1, "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
-                     "gpu": {"memory": "8Gi", "profile": profile}}}
+                     "gpu": {"memory": "8Gi", "profile": profile},
+                     "engine": {"maxModelLen": 256}}}  # the graph engine's caches fit 8Gi at this length
 
 
 def serving(obj: dict[str, Any], profile: str) -> bool:

@@ -23,7 +23,7 @@ import gpunodes
 from chattts_operator.api.common import parse_live_quantity
 from tests.cluster import test_rebalancing as rebalancing
 from tests.cluster.test_rebalancing import GpuPool, apply, expect, kjson, policy
-from tests.support import wait_until
+from tests.support import TEST_ENGINE, wait_until
 
 # test_rebalancing's fixtures: the in-process operator, its manual clock, the private GPU pool.
 operator, manual_clock, gpu_pool = rebalancing.operator, rebalancing.manual_clock, rebalancing.gpu_pool
@@ -77,6 +77,7 @@ def serving(name: str, pool: GpuPool | None, memory: str, replicas: int, profile
             "replicas": replicas,
             "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
             "gpu": {"memory": memory, "profile": profile},
+            "engine": dict(TEST_ENGINE),  # the graph engine's caches fit 8Gi (and 9000Mi) at this length
         },
     }
     if pool is not None:

@@ -25,7 +25,7 @@ from kopf.testing import KopfRunner
 import localcluster
 from chattts_operator.core import clock
 from chattts_operator.api.common import parse_live_quantity as parse_quantity
-from tests.support import install_crds, wait_until
+from tests.support import TEST_ENGINE, install_crds, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 POOL_KEY = "chattts.io/rebalancing-pool"
@@ -261,6 +261,7 @@ def serving(name: str, policy_name: str, pool: GpuPool, replicas: int) -> dict[s
             "replicas": replicas,
             "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
             "gpu": {"memory": f"{REPLICA_MIB}Mi", "profile": "gpu-memory", "nodeSelector": placement["nodeSelector"]},
+            "engine": dict(TEST_ENGINE),  # the graph engine's caches fit the replica's share at this length
             "tolerations": placement["tolerations"],
         },
     }

@@ -221,7 +221,7 @@ def _ctd(name: str, group_size: int, max_num_seqs: int, labels: dict[str, str] |
         "spec": {
             "replicas": 1,
             "model": {"pvc": {"claimName": "weights"}, "format": "fp16"},
-            "engine": {"maxNumSeqs": max_num_seqs},
+            "engine": {"maxNumSeqs": max_num_seqs, "maxModelLen": 1024},  # fits 16Gi on the graph engine
             "gpu": {"memory": "16Gi", "profile": "hami"},
             # min 2 with 1 replica: the autoscaler's first pass scales up through /scale.
             "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 3},
