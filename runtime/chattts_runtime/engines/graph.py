@@ -905,17 +905,25 @@ class GraphEngine(ReferenceEngine):
         out.ready = self._event()
         return out
 
-    def _launch_text_step(self) -> _Output:
-        text, host = self._text, self._refine
-        slots = np.flatnonzero(host.active)
-        batch = pick_bucket(self.refine_batch_buckets, int(slots[-1]) + 1)
-        need = min(int(host.position[slots].max()), self.max_model_len - 1) + 1
+    def _decode_active(self, state, graphs, active, position, batch_buckets, end_id) -> tuple[np.ndarray, int]:
+        """One decode step over the active slots of ``state`` (audio or refine-text), at the
+        smallest captured (batch, length) bucket that holds them: replayed when captured, else
+        run eagerly. Returns the active slots and the batch bucket."""
+        slots = np.flatnonzero(active)
+        batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
+        need = min(int(position[slots].max()), self.max_model_len - 1) + 1
         length = pick_bucket(self.length_buckets, need)
-        graph = self._text_graphs.get((batch, length))
+        graph = graphs.get((batch, length))
         if graph is not None:
             graph.replay()
         else:
-            decode_step(self.model.gpt, text, batch, length, self._refine_end)
+            decode_step(self.model.gpt, state, batch, length, end_id)
+        return slots, batch
+
+    def _launch_text_step(self) -> _Output:
+        text, host = self._text, self._refine
+        slots, batch = self._decode_active(text, self._text_graphs, host.active, host.position,
+                                           self.refine_batch_buckets, self._refine_end)
         host.position[slots] += 1
         out = _Output(slots, host.epoch[slots].copy(), slots, self._to_host(text.codes[:batch]), None)
         out.ready = self._event()
@@ -946,15 +954,8 @@ class GraphEngine(ReferenceEngine):
 
     def _launch_step(self) -> _Output:
         state = self._state
-        slots = np.flatnonzero(self._active)
-        batch = pick_bucket(self.batch_buckets, int(slots[-1]) + 1)
-        need = min(int(self._position[slots].max()), self.max_model_len - 1) + 1
-        length = pick_bucket(self.length_buckets, need)
-        graph = self._graphs.get((batch, length))
-        if graph is not None:
-            graph.replay()
-        else:
-            decode_step(self.model.gpt, state, batch, length, self._eos)
+        slots, batch = self._decode_active(state, self._graphs, self._active, self._position,
+                                           self.batch_buckets, self._eos)
         self.steps += 1
         self.observer.on_step(len(slots))
         self._position[slots] += 1
