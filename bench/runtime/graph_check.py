@@ -4,8 +4,9 @@
 (``--out``): whether greedy codes from replayed graphs equal the same engine's eager
 steps and how many frames agree with the reference engine (bf16 on GPU: kernels differ,
 so agreement is reported, not asserted), graph capture time, and the median time of one
-replayed decode step at batch 1/16/64/256 (length bucket 256), the engine-level
-counterpart of ``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows; and the
+replayed decode step at batch 1/16/64/256 (length buckets 256 and 1024, audio rows only and mixed
+with refine-text rows, ragged kernel against padded SDPA), the engine-level counterpart of
+``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows; and the
 GPU time of a captured prefill (1/8/32 newcomers, 64-token bucket) and of an audio window
 batch (1/8/64 windows of the steady window length), each against the same code run eagerly.
 """
@@ -15,7 +16,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import time
 from pathlib import Path
 
 from bench.runtime.__main__ import RESULTS, make_checkpoint
@@ -84,7 +84,7 @@ def main() -> int:
     reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, max_num_seqs=256,
                                         max_model_len=args.max_model_len))
     report["graph_equals_eager"] = graphed == eager
-    # Refine-text on the text slots: replayed graphs against eager padded steps and the reference refiner.
+    # Refine-text rows: replayed graphs against eager padded steps and the reference refiner.
     refine_graphed, refine_eager = engine.refined, eager_engine.refined
     refine_reference = asyncio.run(refine_all(None, model, texts))
     report["refine_graph_equals_eager"] = refine_graphed == refine_eager
@@ -96,35 +96,68 @@ def main() -> int:
     first_diff = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None) for g, r in zip(graphed, reference)]
     report["first_divergent_frame_per_request"] = first_diff
 
-    # Raw step time: replay each (batch, 256) graph many times, CUDA events, median.
+    # Raw step time per (batch, length bucket), CUDA events, median of replays: the engine's captured
+    # steps, audio rows only and mixed with refine-text rows (text head and its sampling on every row),
+    # beside a padded step (masked SDPA over the bucket) captured here, the ablation of the ragged
+    # kernel. Contexts "mixed": each row's drawn from [32, bucket), one at the bucket's end (the
+    # batch of long and short requests the bucket is chosen for); "full": every row at the end.
     state, eos = engine._state, engine._eos
+    generator = torch.Generator().manual_seed(0)
+    side, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
     steps = {}
     with torch.inference_mode():
         state.reset_sampling()
-        state.position.fill_(100)
         for batch in (1, 16, 64, 256):
-            graph = engine._graphs[(batch, 256)]
-            for _ in range(10):
-                graph.replay()
-            times = []
-            for _ in range(50):
-                state.position[:batch] = 100  # stay inside the length bucket
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                graph.replay()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            eager_times = []
-            for _ in range(5):
-                state.position[:batch] = 100
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                decode_step(model.gpt, state, batch, 256, eos)
-                torch.cuda.synchronize()
-                eager_times.append((time.perf_counter() - t0) * 1e3)
-            steps[batch] = {"graph_ms": statistics.median(times), "eager_ms": statistics.median(eager_times)}
-    report["step_ms_length_bucket_256"] = steps
+            for length in (256, 1024):
+                if (batch, length, False) not in engine._graphs:
+                    continue
+                padded, _ = engine._capture(side, pool, lambda: decode_step(model.gpt, state, batch, length, eos))
+                variants = {"engine": engine._graphs[(batch, length, False)], "padded_sdpa": padded}
+                if (batch, length, True) in engine._graphs:
+                    variants["engine_mixed_with_refine"] = engine._graphs[(batch, length, True)]
+                for contexts in ("mixed", "full"):
+                    start = torch.randint(32, length, (batch,), generator=generator)
+                    if contexts == "full" or batch == 1:
+                        start[:] = length - 1
+                    start[0] = length - 1
+                    start = start.to(state.position.device)
+                    row = {}
+                    for name, graph in variants.items():
+                        times = []
+                        for i in range(40):
+                            state.position[:batch] = start - 1  # the step moves each row on by one
+                            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            a.record()
+                            graph.replay()
+                            b.record()
+                            b.synchronize()
+                            if i >= 5:
+                                times.append(a.elapsed_time(b))
+                        row[name] = round(statistics.median(times), 3)
+                    steps[f"{batch}x{length}/{contexts}"] = row
+                del padded
+    report["decode_attention"] = engine.describe()["decode_attention"]
+    report["step_ms"] = steps
+
+    # The ragged kernel against masked SDPA on the same inputs: one eager step each from the same state.
+    if engine.ragged_attention is not None:
+        with torch.inference_mode():
+            batch, length = 256, 1024
+            start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)
+            saved = {k: getattr(state, k).clone() for k in ("codes", "position", "generated", "history")}
+            hidden = {}
+            for ragged in (False, True):
+                for k, v in saved.items():
+                    getattr(state, k).copy_(v)
+                state.position[:batch] = start
+                decode_step(model.gpt, state, batch, length, eos, None, ragged)
+                hidden[ragged] = state.hidden[:batch].float().clone()
+            diff = (hidden[True] - hidden[False]).abs().max().item()
+            scale = hidden[False].abs().max().item()
+            logits = [state.code_logits(hidden[k].to(model.gpt.dtype)).argmax(-1) for k in (False, True)]
+            report["ragged_vs_sdpa_256x1024"] = {
+                "max_abs_hidden_diff": diff, "max_abs_hidden": scale,
+                "greedy_codes_equal": f"{int((logits[0] == logits[1]).sum())}/{logits[0].numel()}"}
 
     def median_ms(fn, stream=None, runs=30) -> float:
         stream = stream or torch.cuda.current_stream()
@@ -147,10 +180,10 @@ def main() -> int:
         state.prefill_long[:, 1] = state.scratch  # every row on the scratch slot: touches no real slot
         state.prefill_long[:, 0] = 48
         report["prefill_ms_length_bucket_64"] = {
-            rows: {"graph_ms": median_ms(engine._prefill_graphs[(rows, 64)].replay),
+            rows: {"graph_ms": median_ms(engine._prefill_graphs[(rows, 64, False)].replay),
                    "eager_ms": median_ms(lambda: prefill_step(model.gpt, state, rows, 64, eos,
                                                               engine._speaker_token), runs=5)}
-            for rows in (1, 8, 32) if (rows, 64) in engine._prefill_graphs}
+            for rows in (1, 8, 32) if (rows, 64, False) in engine._prefill_graphs}
         frames = engine.windows.window_frames
         state.audio_windows[:, 0] = 0
         state.audio_windows[:, 1] = 0
@@ -162,15 +195,10 @@ def main() -> int:
                        "eager_ms": median_ms(lambda: decode_windows(model, state, rows, frames, hidden),
                                              engine._audio_stream, runs=5)}
                 for rows in (1, 8, 64) if (hidden, rows, frames) in engine._audio_graphs}
-        # Refine-text: one replayed step of the text slots (21k-token head, sampling inside).
-        text = engine._text
-        report["refine_step_ms_length_256"] = {
-            batch: median_ms(engine._text_graphs[(batch, 256)].replay)
-            for batch in (1, 16, 64, 256) if (batch, 256) in engine._text_graphs}
-        report["graphs_by_kind"] = {"decode": len(engine._graphs), "prefill": len(engine._prefill_graphs),
-                                    "audio": len(engine._audio_graphs), "refine_decode": len(engine._text_graphs),
-                                    "refine_prefill": len(engine._text_prefill_graphs)}
-        del text
+        report["graphs_by_kind"] = {
+            "decode": sum(not k[2] for k in engine._graphs), "decode_mixed_with_refine": sum(k[2] for k in engine._graphs),
+            "prefill": sum(not k[2] for k in engine._prefill_graphs),
+            "refine_prefill": sum(k[2] for k in engine._prefill_graphs), "audio": len(engine._audio_graphs)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

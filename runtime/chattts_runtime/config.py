@@ -77,6 +77,10 @@ class EngineSettings(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     enforce_eager: bool = False
     extra_args: list[str] = Field(default_factory=list)
+    decode_attention: Literal["auto", "ragged", "padded"] = Field(
+        "auto", description="Graph engine: attention of a decode step. ragged: a Triton kernel that reads "
+        "each row's own context only; padded: masked scaled_dot_product_attention over the step's length "
+        "bucket; auto: ragged on CUDA when Triton is installed, else padded.")
     process: Literal["auto", "same", "separate"] = Field(
         "auto", description="Run the graph/reference engine in a process of its own (separate) or in the "
         "speech API's (same); auto: separate for the graph engine on CUDA, where one process is "

@@ -260,8 +260,6 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
             "weights": _mib(weights_bytes) * copies,
             "kvCache": _mib(kv_bytes),
             "frameHistory": _mib((seqs + 1) * length * FRAME_HISTORY_BYTES_PER_TOKEN),
-            # refine-text's text slots (maxNumSeqs of them) over a KV cache of their own
-            "refineKvCache": _mib(seqs * length * per_token),
             # the Decoder path's hidden states per slot, 16-bit
             "hiddenHistory": _mib((seqs + 1) * length * shape.hidden_size * BYTES_16BIT),
             "prefillPool": _mib(prefill_bytes),
@@ -269,8 +267,8 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
             "speechApiDecode": _mib(length * AUDIO_BYTES_PER_FRAME),  # one whole non-streamed response
             "cudaContexts": CUDA_CONTEXT_MIB * copies,
         }
-        kv_text = (f"the slot cache (maxNumSeqs {seqs} + 1) x maxModelLen {length} x {per_token} bytes, as much "
-                   f"again for refine-text's {seqs} text slots, and the frame and hidden-state history")
+        kv_text = (f"the slot cache (maxNumSeqs {seqs} + 1) x maxModelLen {length} x {per_token} bytes (audio and "
+                   f"refine-text rows share it), and the frame and hidden-state history")
     else:
         kv_bytes = REFERENCE_KV_FACTOR * seqs * length * per_token
         parts = {
@@ -282,7 +280,7 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
         }
         kv_text = (f"the growing KV cache at its worst, {REFERENCE_KV_FACTOR} x maxNumSeqs {seqs} x maxModelLen "
                    f"{length} x {per_token} bytes")
-    kv_mib = sum(parts.get(k, 0) for k in ("kvCache", "frameHistory", "refineKvCache", "hiddenHistory"))
+    kv_mib = sum(parts.get(k, 0) for k in ("kvCache", "frameHistory", "hiddenHistory"))
     activations_mib = sum(v for k, v in parts.items() if k in ("prefillPool", "audioPool", "speechApiDecode",
                                                                 "prefillActivations", "audioWindows"))
     weights_and_contexts_mib = parts["weights"] + parts["cudaContexts"]

@@ -131,7 +131,8 @@ class TextJobs:
             enqueue()
             return await future
         finally:
-            if not future.done():  # the caller went away: the engine drops the job
+            # The caller went away (a cancelled await cancels the future too): the engine drops the job.
+            if not future.done() or future.cancelled():
                 abandon()
             self._futures.pop(job_id, None)
 

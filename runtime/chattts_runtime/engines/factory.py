@@ -16,7 +16,8 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             # Streams get audio decoded in the engine on the speech API's window schedule; other
             # requests get frames as often as the speech API would decode them (a third of a window).
             windows = StreamWindows(config.generation.stream_chunk_frames)
-            kwargs.update(emit_frames=windows.first_frames, windows=windows)
+            kwargs.update(emit_frames=windows.first_frames, windows=windows,
+                          decode_attention=config.engine.decode_attention)
         if separate_engine_process(config, model.device.type):
             from chattts_runtime.engines.process import EngineSpec, ProcessEngine  # noqa: PLC0415
 

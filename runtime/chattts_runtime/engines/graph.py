@@ -114,23 +114,28 @@ _PF_TEMPERATURE, _PF_TOP_P, _PF_PENALTY = range(3)
 PF_FLOAT_META = 3
 
 
-class Slots:
-    """Device buffers shared by every captured graph of one kind of generation (addresses never change).
+class SlotState:
+    """Device buffers shared by every captured graph (addresses never change).
 
     ``slots`` request slots plus one scratch slot (index ``slots``) for prefill padding: a KV
     cache ``[slots + 1, kv_heads, max_len, head_dim]`` per layer, the next input of each slot,
-    its sampling parameters and the ring of its last ``MAX_REPETITION_WINDOW`` sampled tokens
-    (``heads`` per step, each in ``[0, vocab)``; ``vocab`` marks an empty ring entry).
-    Subclasses say how a token is embedded and scored (:meth:`embed`, :meth:`logits`) and
-    what is kept of a sampled token (:meth:`record`).
+    its sampling parameters and the rings of its last ``MAX_REPETITION_WINDOW`` sampled tokens.
+
+    A slot holds an audio stream (4 code heads, every frame kept and, for the Decoder path,
+    its hidden state) or a refine-text job (the text head, one token a step; ``is_text``).
+    Both kinds share one cache and one decode step: the GPT trunk is the same model, so a
+    refine row costs a row of the step, not a second pass over the 20 layers; only the
+    embedding and the head differ per row. Each kind keeps a repetition ring of its own
+    (``history``: codes, ``vocab`` = empty; ``text_history``: text tokens, ``text_vocab`` = empty).
     """
 
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int, *,
-                 heads: int, vocab: int, speaker_width: int):
+    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
+                 audio_rows: int, hidden_audio: bool = False, text_rows: int = 64):
         s = gpt.sizes
         total = slots + 1
         self.gpt = gpt
-        self.slots, self.scratch, self.max_len, self.heads, self.vocab = slots, slots, max_len, heads, vocab
+        self.slots, self.scratch, self.max_len = slots, slots, max_len
+        self.heads, self.vocab, self.text_vocab = s.num_vq, s.num_audio_tokens, s.num_text_tokens
         kv = dict(dtype=gpt.dtype, device=device)
         self.keys = [torch.zeros(total, s.num_key_value_heads, max_len, s.head_dim, **kv)
                      for _ in range(s.num_hidden_layers)]
@@ -139,10 +144,15 @@ class Slots:
         self.rows = torch.arange(total, **lng)
         self.columns = torch.arange(max_len, **lng)
         self.ring = torch.arange(MAX_REPETITION_WINDOW, **lng)
-        self.codes = torch.zeros(total, heads, **lng)  # next step's input = last sampled token(s)
+        self.codes = torch.zeros(total, self.heads, **lng)  # next step's input (a text token in column 0)
         self.position = torch.zeros(total, **lng)  # position id of the next input
         self.generated = torch.zeros(total, **lng)  # tokens sampled so far
-        self.history = torch.full((total, MAX_REPETITION_WINDOW, heads), vocab, **lng)
+        self.is_text = torch.zeros(total, dtype=torch.bool, device=device)
+        # The slots of refine-text rows, padded with the scratch slot: a mixed step samples the text head
+        # for these rows only (21k scores sorted per row: the costly part), not for the whole batch.
+        self.text_index = torch.full((text_rows,), slots, **lng)
+        self.history = torch.full((total, MAX_REPETITION_WINDOW, self.heads), self.vocab, **lng)
+        self.text_history = torch.full((total, MAX_REPETITION_WINDOW, 1), self.text_vocab, **lng)
         self.hidden = torch.zeros(total, s.hidden_size, **kv)
         f32 = dict(dtype=torch.float32, device=device)
         self.temperature = torch.zeros(total, **f32)
@@ -152,92 +162,74 @@ class Slots:
         self.window = torch.zeros(total, **lng)
         self.min_frames = torch.zeros(total, **lng)
         self.seed = torch.zeros(total, **lng)
+        self.frames = torch.zeros(total, max_len, s.num_vq, **lng)  # for audio windows
+        # The hidden state each frame was sampled from: what the Decoder path turns into audio.
+        self.hidden_frames = (torch.zeros(total, max_len, s.hidden_size, **kv) if hidden_audio else None)
+        # Audio window inputs: (slot, first frame) per row.
+        self.audio_windows = torch.zeros(audio_rows, 2, **lng)
         # Prefill inputs (written by one host->device copy per prefill) and output.
         self.prefill_long = torch.zeros(prefill_rows, PF_META + max_len, **lng)
-        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + speaker_width, **f32)
-        self.prefill_codes = torch.zeros(prefill_rows, heads, **lng)
+        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
+        self.prefill_codes = torch.zeros(prefill_rows, self.heads, **lng)
 
     def reset_sampling(self) -> None:
         self.position.zero_()
         self.generated.zero_()
         self.codes.zero_()
+        self.is_text.zero_()
         self.history.fill_(self.vocab)
+        self.text_history.fill_(self.text_vocab)
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, heads]`` -> input embeddings ``[B, hidden]``."""
-        raise NotImplementedError
+    def embed(self, codes: torch.Tensor, is_text: torch.Tensor) -> torch.Tensor:
+        """``codes [B, heads]`` -> input embeddings ``[B, hidden]``; rows flagged ``is_text`` embed column 0
+        as a text token. Each embedding reads zeros in the rows of the other kind (a text token may lie past
+        the code vocabulary); the text ids are clamped too: a slot whose refine job ended keeps its flag
+        until its next prefill while the code heads write its input, and its row is read by no one."""
+        embed = self.gpt.embed
+        audio = embed.embed_codes(torch.where(is_text[:, None], 0, codes))
+        text = embed.emb_text(torch.where(is_text, codes[:, 0], 0).clamp(max=self.text_vocab - 1))
+        return torch.where(is_text[:, None], text.to(audio.dtype), audio)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [B, hidden]`` -> float32 logits ``[B, heads, vocab]``."""
-        raise NotImplementedError
+        return self.gpt.embed.code_logits(hidden)
 
-    def record(self, rows, codes: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Keep sampled ``codes`` (from ``hidden``) as the slots' next input and in their repetition ring."""
+    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, hidden]`` -> float32 logits ``[B, 1, text_vocab]``."""
+        return self.gpt.embed.head_text(hidden.float())[:, None, :]
+
+    def record(self, rows, inputs: torch.Tensor, codes: torch.Tensor | None, text: torch.Tensor | None,
+               hidden: torch.Tensor) -> None:
+        """Keep ``inputs [B, heads]`` as the slots' next input; the code sampler's ``codes [B, heads]``
+        (from ``hidden``) in the frame history and the code ring, the text sampler's ``text [B, 1]`` in
+        the text ring.
+
+        In a mixed step every row is sampled and recorded both ways (fixed shapes): a ring or frame of
+        the other kind is never read, each holds only tokens of its own vocabulary, and a prefill
+        resets what its new occupant reads.
+        """
+        # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
         generated = self.generated[rows]
         index = self.rows[rows] if isinstance(rows, slice) else rows
-        self.history[index, generated % MAX_REPETITION_WINDOW] = codes
-        self.codes[rows] = codes
+        ring = generated % MAX_REPETITION_WINDOW
+        if codes is not None:
+            frame = generated.clamp(max=self.max_len - 1)
+            self.frames[index, frame] = codes
+            if self.hidden_frames is not None:
+                self.hidden_frames[index, frame] = hidden
+            self.history[index, ring] = codes
+        if text is not None:
+            self.text_history[index, ring] = text
+        self.codes[rows] = inputs
         self.generated[rows] = generated + 1
 
 
-class SlotState(Slots):
-    """The audio-code slots: 4 code heads, every frame kept (and, for the Decoder path, its hidden state)."""
-
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
-                 audio_rows: int, hidden_audio: bool = False):
-        s = gpt.sizes
-        super().__init__(gpt, slots, max_len, device, prefill_rows, heads=s.num_vq, vocab=s.num_audio_tokens,
-                         speaker_width=s.hidden_size)
-        self.num_vq = s.num_vq
-        total = slots + 1
-        self.frames = torch.zeros(total, max_len, s.num_vq, dtype=torch.long, device=device)  # for audio windows
-        # The hidden state each frame was sampled from: what the Decoder path turns into audio.
-        self.hidden_frames = (torch.zeros(total, max_len, s.hidden_size, dtype=gpt.dtype, device=device)
-                              if hidden_audio else None)
-        # Audio window inputs: (slot, first frame) per row.
-        self.audio_windows = torch.zeros(audio_rows, 2, dtype=torch.long, device=device)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.gpt.embed.embed_codes(tokens)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.gpt.embed.code_logits(hidden)
-
-    def record(self, rows, codes: torch.Tensor, hidden: torch.Tensor) -> None:
-        # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
-        frame = self.generated[rows].clamp(max=self.max_len - 1)
-        index = self.rows[rows] if isinstance(rows, slice) else rows
-        self.frames[index, frame] = codes
-        if self.hidden_frames is not None:
-            self.hidden_frames[index, frame] = hidden
-        super().record(rows, codes, hidden)
-
-
-class TextSlots(Slots):
-    """Refine-text's slots: the text head (one token per step over the text vocabulary), no speaker.
-
-    A cache of their own rather than rows of the audio slots: a step over text rows scores a
-    21k-token vocabulary and sorts it, which the audio step (4 x 626 codes) must not pay for
-    its rows, and refine rows leave after a few hundred tokens at most.
-    """
-
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int):
-        super().__init__(gpt, slots, max_len, device, prefill_rows, heads=1, vocab=gpt.sizes.num_text_tokens,
-                         speaker_width=0)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.gpt.embed.emb_text(tokens[..., 0])
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.gpt.embed.head_text(hidden.float())[:, None, :]
-
-
-def sample_slots(state: Slots, rows, logits: torch.Tensor, eos: int) -> torch.Tensor:
+def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history: torch.Tensor) -> torch.Tensor:
     """``logits [B, heads, V]`` float32 of slots ``rows`` -> tokens ``[B, heads]``.
 
     ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
     greedy rows take the argmax, the others ``token_probs`` over their last ``window`` tokens
-    and one counter-based uniform per head.
+    of ``history`` (its ring; ``V`` marks an empty entry) and one counter-based uniform per head.
     """
     b, q, v = logits.shape
     generated = state.generated[rows]
@@ -250,7 +242,7 @@ def sample_slots(state: Slots, rows, logits: torch.Tensor, eos: int) -> torch.Te
     w = MAX_REPETITION_WINDOW
     age = (generated[:, None] - 1 - state.ring[None, :]) % w  # ring slot j holds step generated-1-age
     recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
-    recent = torch.where(recent_ok[:, :, None], state.history[rows], v)  # v = "no token"
+    recent = torch.where(recent_ok[:, :, None], history[rows], v)  # v = "no token"
     probs, order = token_probs(
         logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), state.penalty[rows],
         repetition_counts(recent, v), state.top_p[rows], state.top_k[rows],
@@ -259,33 +251,61 @@ def sample_slots(state: Slots, rows, logits: torch.Tensor, eos: int) -> torch.Te
     return torch.where(greedy[:, None], greedy_codes, sampled)
 
 
-def decode_step(gpt, state: Slots, batch: int, length: int, eos: int) -> None:
-    """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only."""
+def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_end: int | None = None,
+                ragged: bool = False) -> None:
+    """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only.
+
+    With ``text_end`` the step is mixed: the slots in ``state.text_index`` (flagged ``is_text``) are
+    refine-text rows (text embedding in, text head out, ``text_end`` their end token) beside the audio
+    rows; every row also runs the code heads (cheap), whose output a refine row's input replaces. ``ragged``
+    attends with the ragged Triton kernel (each row reads its own columns only) instead of the
+    masked ``scaled_dot_product_attention`` over the bucket.
+    """
     rows = state.rows[:batch]
     position = state.position[:batch]
-    h = state.embed(state.codes[:batch]).to(gpt.dtype)[:, None, :]  # [B, 1, H]
+    # Always read: a slot whose refine job ended keeps its flag (and a text token as input) until its
+    # next prefill, and stepping it as audio would index the code embeddings with a text token.
+    is_text = state.is_text[:batch]
+    h = state.embed(state.codes[:batch], is_text).to(gpt.dtype)[:, None, :]  # [B, 1, H]
     cos, sin = gpt.llama.rotary_emb(h, position[:, None])
-    mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
 
     def write_kv(idx, k, v):
         state.keys[idx][rows, :, position] = k[:, :, 0]
         state.values[idx][rows, :, position] = v[:, :, 0]
         return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
 
-    hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
+    if ragged:
+        from chattts_runtime.engines.attention import ragged_decode_attention  # noqa: PLC0415  (Triton)
+
+        # A free slot's stale position may lie past the bucket: its row reads (and is) garbage, inside it.
+        lengths = torch.clamp(position + 1, max=length)
+        hidden = gpt.body(h, cos, sin, None, write_kv,
+                          lambda q, keys, values: ragged_decode_attention(q, keys, values, lengths, length))[:, 0]
+    else:
+        mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
+        hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
     state.hidden[:batch] = hidden
-    codes = sample_slots(state, slice(0, batch), state.logits(hidden), eos)
-    state.record(slice(0, batch), codes, hidden)
+    codes = sample_slots(state, slice(0, batch), state.code_logits(hidden), eos, state.history)
+    if text_end is not None:
+        # Refine rows: the text head over their hidden states; the text ring written before the counter moves.
+        index = state.text_index[:min(batch, state.text_index.numel())]
+        text = sample_slots(state, index, state.text_logits(state.hidden[index]), text_end, state.text_history)
+        state.text_history[index, state.generated[index] % MAX_REPETITION_WINDOW] = text
+    state.record(slice(0, batch), codes, codes, None, hidden)
+    if text_end is not None:
+        state.codes[index] = F.pad(text, (0, state.heads - 1))
     # Clamped so a row that already ended (read one step late) can never index past the cache.
     state.position[:batch] = torch.clamp(position + 1, max=state.max_len - 1)
 
 
-def prefill_step(gpt, state: Slots, rows: int, length: int, eos: int, speaker_token: int | None) -> None:
+def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speaker_token: int | None,
+                 text_end: int | None = None) -> None:
     """Prefill ``rows`` newcomers from ``state.prefill_*`` (prompts right-padded to ``length``); static shapes.
 
     Loads each newcomer's sampling parameters into its slot, embeds its prompt (the
     speaker token's position carries the L2-normed speaker vector), runs the prompt into
     the slot's KV cache and samples its first token(s) into ``state.prefill_codes``.
+    With ``text_end`` the newcomers are refine-text jobs (text head, no speaker).
     Padding rows point at the scratch slot.
     """
     meta = state.prefill_long[:rows]
@@ -301,11 +321,15 @@ def prefill_step(gpt, state: Slots, rows: int, length: int, eos: int, speaker_to
     state.position[slots] = lengths
     # index_fill_, not ``[slots] = 0``: a Python scalar would be a host tensor inside the capture.
     state.generated.index_fill_(0, slots, 0)
-    state.history.index_fill_(0, slots, state.vocab)
+    state.is_text.index_fill_(0, slots, text_end is not None)
+    if text_end is None:
+        state.history.index_fill_(0, slots, state.vocab)
+    else:
+        state.text_history.index_fill_(0, slots, state.text_vocab)
 
     ids = meta[:, PF_META:PF_META + length]
     h = gpt.embed.emb_text(ids).to(gpt.dtype)
-    if speaker_token is not None:
+    if speaker_token is not None and text_end is None:
         speaker = F.normalize(floats[:, PF_FLOAT_META:], p=2.0, dim=-1, eps=1e-12).to(h.dtype)
         where = (ids == speaker_token) & (meta[:, _PF_SPEAKER] > 0)[:, None]
         h = torch.where(where[..., None], speaker[:, None, :], h)
@@ -323,8 +347,13 @@ def prefill_step(gpt, state: Slots, rows: int, length: int, eos: int, speaker_to
     out = gpt.body(h, cos, sin, mask, write_kv)
     hidden = out[state.rows[:rows], lengths - 1]
     state.hidden[slots] = hidden
-    codes = sample_slots(state, slots, state.logits(hidden), eos)
-    state.record(slots, codes, hidden)
+    if text_end is None:
+        codes = sample_slots(state, slots, state.code_logits(hidden), eos, state.history)
+        state.record(slots, codes, codes, None, hidden)
+    else:
+        text = sample_slots(state, slots, state.text_logits(hidden), text_end, state.text_history)
+        codes = F.pad(text, (0, state.heads - 1))  # the text token in column 0
+        state.record(slots, codes, None, text, hidden)
     state.prefill_codes[:rows] = codes
 
 
@@ -368,29 +397,26 @@ class _TextJob:
 
 
 class _RefineHost:
-    """Host mirror of the refine-text slots (index = slot; the last one is the scratch slot) and their jobs."""
+    """Host mirror of the slots that hold refine-text jobs (index = slot), and the jobs waiting for one."""
 
     def __init__(self, slots: int):
         total = slots + 1
-        self.slots = slots
         self.waiting: collections.deque[_TextJob] = collections.deque()
         self.running: dict[int, _TextJob] = {}
-        self.free = list(range(slots))
         self.active = np.zeros(total, bool)
         self.epoch = np.zeros(total, np.int64)
-        self.position = np.zeros(total, np.int64)  # position id of the next input, as launched
         self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
 
-    def admit(self) -> list[_TextJob]:
+    def admit(self, free: int) -> list[_TextJob]:
+        """Waiting jobs for up to ``free`` slots, first come first served."""
         admitted = []
-        while self.waiting and len(self.running) + len(admitted) < self.slots:
+        while self.waiting and len(admitted) < free:
             admitted.append(self.waiting.popleft())
         return admitted
 
     def reset(self) -> None:
         self.running = {}
         self.active[:] = False
-        self.free = list(range(self.slots))
 
 
 @dataclass
@@ -464,7 +490,8 @@ class GraphEngine(ReferenceEngine):
                  observer: SchedulerObserver | None = None, emit_frames: int = 4, use_graphs: bool | None = None,
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
-                 audio_rows: int = 64, pad_shapes: bool | None = None, refine_slots: int | None = None):
+                 audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
+                 refine_rows: int = 64):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
                          observer=observer)
         if emit_frames < 1:
@@ -506,22 +533,20 @@ class GraphEngine(ReferenceEngine):
         # The Decoder path (hidden states -> audio) in the loop too, when the checkpoint has a Decoder.
         self.hidden_audio = getattr(model, "decoder", None) is not None
         self.audio_paths = (False, True) if self.hidden_audio else (False,)
-        # Refine-text rows (text head) in slots of their own: as many as audio slots unless told.
-        self.refine_slots = max_num_seqs if refine_slots is None else refine_slots
-        if self.refine_slots < 1:
-            raise ValueError("refine_slots must be >= 1")
-        self.refine_batch_buckets = bucket_sizes(self.refine_slots, step=32)
-        self.refine_prefill_rows = min(self.prefill_rows, self.refine_slots)
-        self.refine_prefill_row_buckets = bucket_sizes(self.refine_prefill_rows)
-        self._text: TextSlots | None = None
-        self._text_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._text_prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._refine = _RefineHost(self.refine_slots)
+        # Refine-text jobs take slots of the same cache (max_num_seqs counts both kinds) and step in the
+        # same launch as the audio rows (SlotState); at most refine_rows of them at once.
+        if refine_rows < 1:
+            raise ValueError("refine_rows must be >= 1")
+        self.refine_rows = min(refine_rows, max_num_seqs)
+        self._refine = _RefineHost(max_num_seqs)
+        self._text_index_stale = True
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
+        self.ragged_attention = self._ragged_attention(decode_attention)
         self._state: SlotState | None = None
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Decode graphs per (batch, length, mixed: refine rows in the step); prefills per (rows, length, text).
+        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._audio_graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._audio_stream = None
         self._speaker_token = getattr(model.tokenizer, "spk_emb_id", None)
@@ -544,13 +569,33 @@ class GraphEngine(ReferenceEngine):
         self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
+    def _ragged_attention(self, choice: str) -> int | None:
+        """``decode_attention`` -> the smallest batch bucket stepped with the ragged Triton kernel (None: none).
+        ragged: every batch; padded: none (masked SDPA over the bucket); auto: on CUDA with Triton, from
+        ``attention.MIN_RAGGED_BATCH`` rows (below it SDPA is as fast, bench/results/attention-sweep-*)."""
+        from chattts_runtime.engines import attention  # noqa: PLC0415
+
+        if choice == "padded":
+            return None
+        if choice == "ragged":
+            if not self.cuda or not attention.available():
+                raise ValueError("decode_attention: ragged needs a CUDA device and Triton")
+            return 1
+        if choice != "auto":
+            raise ValueError(f"decode_attention must be auto, ragged or padded, not {choice!r}")
+        return attention.MIN_RAGGED_BATCH if self.cuda and attention.available() else None
+
+    def _ragged(self, batch: int) -> bool:
+        return self.ragged_attention is not None and batch >= self.ragged_attention
+
     def describe(self) -> dict:
         return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
-                "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs)
-                + len(self._text_graphs) + len(self._text_prefill_graphs),
+                "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
-                "audio_graphs": len(self._audio_graphs), "refine_graphs": len(self._text_graphs)
-                + len(self._text_prefill_graphs), "refine_slots": self.refine_slots,
+                "audio_graphs": len(self._audio_graphs),
+                "refine_graphs": sum(k[2] for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
+                "decode_attention": ("padded" if self.ragged_attention is None
+                                     else f"ragged from {self.ragged_attention} rows"), "refine_rows": self.refine_rows,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
@@ -594,20 +639,18 @@ class GraphEngine(ReferenceEngine):
     def _setup(self) -> None:
         self.model.gpt.embed.fuse_weight_norm()  # no re-normalisation inside the graphs
         self._state = SlotState(self.model.gpt, self.max_num_seqs, self.max_model_len, self.model.device,
-                                self.prefill_rows, self.audio_rows, hidden_audio=self.hidden_audio)
-        self._text = TextSlots(self.model.gpt, self.refine_slots, self.max_model_len, self.model.device,
-                               self.refine_prefill_rows)
+                                self.prefill_rows, self.audio_rows, hidden_audio=self.hidden_audio,
+                                text_rows=self.refine_rows)
         if self.cuda:
             self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
             began = time.monotonic()
             self._capture_all()
             self.capture_seconds = time.monotonic() - began
-            log.info("captured %d decode, %d prefill, %d audio and %d refine-text graphs in %.1f s",
-                     len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs),
-                     len(self._text_graphs) + len(self._text_prefill_graphs), self.capture_seconds)
+            log.info("captured %d decode, %d prefill and %d audio graphs in %.1f s (decode attention: %s)",
+                     len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs), self.capture_seconds,
+                     self.describe()["decode_attention"])
         self._state.reset_sampling()
-        self._text.reset_sampling()
 
     def _capture(self, stream, pool, fn):
         """Warm ``fn`` up on ``stream`` (kernels chosen, workspaces made), then capture it there."""
@@ -628,27 +671,19 @@ class GraphEngine(ReferenceEngine):
         side = torch.cuda.Stream(device=self.model.device)
         state.prefill_long[:, _PF_SLOT] = state.scratch  # capture with every row on the scratch slot
         state.prefill_long[:, _PF_LENGTH] = 1
+        end = self._refine_end
+        kinds = (False, True) if end is not None else (False,)  # audio only; with refine-text rows
         # Largest first, so smaller graphs reuse the shared pool's blocks.
         for batch in reversed(self.batch_buckets):
             for length in reversed(self.length_buckets):
-                self._graphs[(batch, length)], _ = self._capture(
-                    side, pool, lambda: decode_step(gpt, state, batch, length, eos))
+                for mixed in kinds:
+                    self._graphs[(batch, length, mixed)], _ = self._capture(side, pool, lambda: decode_step(
+                        gpt, state, batch, length, eos, end if mixed else None, self._ragged(batch)))
         for rows in reversed(self.prefill_row_buckets):
             for length in reversed(self.prefill_length_buckets):
-                self._prefill_graphs[(rows, length)], _ = self._capture(
-                    side, pool, lambda: prefill_step(gpt, state, rows, length, eos, self._speaker_token))
-        text, end = self._text, self._refine_end
-        if end is not None:
-            text.prefill_long[:, _PF_SLOT] = text.scratch
-            text.prefill_long[:, _PF_LENGTH] = 1
-            for batch in reversed(self.refine_batch_buckets):
-                for length in reversed(self.length_buckets):
-                    self._text_graphs[(batch, length)], _ = self._capture(
-                        side, pool, lambda: decode_step(gpt, text, batch, length, end))
-            for rows in reversed(self.refine_prefill_row_buckets):
-                for length in reversed(self.prefill_length_buckets):
-                    self._text_prefill_graphs[(rows, length)], _ = self._capture(
-                        side, pool, lambda: prefill_step(gpt, text, rows, length, end, None))
+                for text in kinds:
+                    self._prefill_graphs[(rows, length, text)], _ = self._capture(side, pool, lambda: prefill_step(
+                        gpt, state, rows, length, eos, self._speaker_token, end if text else None))
         audio_pool = torch.cuda.graph_pool_handle()
         try:
             for hidden in self.audio_paths:
@@ -690,11 +725,14 @@ class GraphEngine(ReferenceEngine):
                         self._waiting = type(self._waiting)(s for s in self._waiting
                                                             if s.request.request_id not in aborted)
                         refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
+                    # Audio first: those requests have paid for refine-text already; starting more refine
+                    # jobs than the slots can then serve would only move the wait.
                     admitted = []
                     if self._admit_now():
-                        while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
+                        while self._waiting and len(admitted) < len(self._free):
                             admitted.append(self._waiting.popleft())
-                    text_admitted = refine.admit()
+                    text_admitted = refine.admit(min(len(self._free) - len(admitted),
+                                                     self.refine_rows - len(refine.running)))
                 events: list[tuple[str, FrameChunk]] = []
                 windows: list[_Window] = []
                 try:
@@ -705,14 +743,12 @@ class GraphEngine(ReferenceEngine):
                         if job.job_id in aborted:
                             self._end_text(job, "aborted")
                     launched: list[tuple[bool, _Output]] = []
-                    for first in range(0, len(text_admitted), self.refine_prefill_rows):
-                        launched.append((True, self._prefill_text(text_admitted[first:first + self.refine_prefill_rows])))
-                    if refine.running:
-                        launched.append((True, self._launch_text_step()))
+                    for first in range(0, len(text_admitted), self.prefill_rows):
+                        launched.append((True, self._prefill_text(text_admitted[first:first + self.prefill_rows])))
                     for first in range(0, len(admitted), self.prefill_rows):
                         launched.append((False, self._prefill(admitted[first:first + self.prefill_rows])))
-                    if self._running:
-                        launched.append((False, self._launch_step()))
+                    if self._running or refine.running:
+                        launched.extend(self._launch_step())
                     # Read the previous iteration's codes while the GPU runs this one.
                     for text, out in in_flight:
                         self._accept_text(out) if text else self._accept(out, events, windows)
@@ -792,23 +828,13 @@ class GraphEngine(ReferenceEngine):
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
             slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
         n = len(slotted)
-        rows, length = self._prefill_shape(n, max(len(s.request.prompt_ids) for s in slotted),
-                                           self.prefill_row_buckets)
+        rows, length = self._prefill_shape(n, max(len(s.request.prompt_ids) for s in slotted))
         meta, floats = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
             (s.slot, s.request.prompt_ids, s.request.params,
              s.generator.initial_seed() if s.generator is not None else 0, s.request.speaker) for s in slotted])
         for seq in slotted:
             seq.position = len(seq.request.prompt_ids)
-        if self._audio_stream is not None:
-            # Slots being reused may still be read by audio windows of their last occupants.
-            torch.cuda.current_stream().wait_stream(self._audio_stream)
-        self._to_device(state.prefill_long[:rows, :PF_META + length], meta)
-        self._to_device(state.prefill_float[:rows], floats)
-        graph = self._prefill_graphs.get((rows, length))
-        if graph is not None:
-            graph.replay()
-        else:
-            prefill_step(self.model.gpt, state, rows, length, self._eos, self._speaker_token)
+        self._run_prefill(rows, length, meta, floats, text=False)
         self.observer.on_step(n)
         slots = np.array([s.slot for s in slotted], np.int64)
         for seq in slotted:
@@ -832,13 +858,28 @@ class GraphEngine(ReferenceEngine):
         out.ready = self._event()
         return out
 
-    def _prefill_shape(self, n: int, longest: int, row_buckets: list[int]) -> tuple[int, int]:
+    def _run_prefill(self, rows: int, length: int, meta: np.ndarray, floats: np.ndarray, text: bool) -> None:
+        """Copy one packed prefill to the device and run it (replayed when that shape was captured)."""
+        state = self._state
+        if self._audio_stream is not None:
+            # Slots being reused may still be read by audio windows of their last occupants.
+            torch.cuda.current_stream().wait_stream(self._audio_stream)
+        self._to_device(state.prefill_long[:rows, :PF_META + length], meta)
+        self._to_device(state.prefill_float[:rows], floats)
+        graph = self._prefill_graphs.get((rows, length, text))
+        if graph is not None:
+            graph.replay()
+        else:
+            prefill_step(self.model.gpt, state, rows, length, self._eos, self._speaker_token,
+                         self._refine_end if text else None)
+
+    def _prefill_shape(self, n: int, longest: int) -> tuple[int, int]:
         """(rows, prompt length) of a prefill of ``n`` prompts: padded to a captured shape when there is one."""
-        rows = pick_bucket(row_buckets, n) if self.pad_shapes else n
+        rows = pick_bucket(self.prefill_row_buckets, n) if self.pad_shapes else n
         graph_length = next((b for b in self.prefill_length_buckets if b >= longest), None)
         return rows, graph_length if self.pad_shapes and graph_length is not None else longest
 
-    # -- refine-text (the text slots) --------------------------------------------------------------
+    # -- refine-text (slots flagged is_text) ------------------------------------------------------
 
     def enqueue_text(self, job_id: str, prompt_ids, params: SamplingParams) -> None:
         """Queue a refine-text prompt; its tokens go to ``_text_result`` (``refine_text`` awaits them)."""
@@ -879,20 +920,14 @@ class GraphEngine(ReferenceEngine):
         self._text_jobs.fail_all("engine stopped")
 
     def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
-        text, host = self._text, self._refine
+        state, host = self._state, self._refine
         for job in jobs:
-            job.slot = heapq.heappop(host.free)
+            job.slot = heapq.heappop(self._free)
         n = len(jobs)
-        rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs), self.refine_prefill_row_buckets)
-        meta, floats = pack_prefill(rows, length, 0, text.scratch,
+        rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
+        meta, floats = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
                                     [(j.slot, j.prompt_ids, j.params, j.seed, None) for j in jobs])
-        self._to_device(text.prefill_long[:rows, :PF_META + length], meta)
-        self._to_device(text.prefill_float[:rows], floats)
-        graph = self._text_prefill_graphs.get((rows, length))
-        if graph is not None:
-            graph.replay()
-        else:
-            prefill_step(self.model.gpt, text, rows, length, self._refine_end, None)
+        self._run_prefill(rows, length, meta, floats, text=True)
         slots = np.array([j.slot for j in jobs], np.int64)
         for job in jobs:
             host.running[job.slot] = job
@@ -900,32 +935,9 @@ class GraphEngine(ReferenceEngine):
             host.limit[job.slot] = min(job.params.max_new_frames, self.max_model_len - len(job.prompt_ids))
         host.epoch[slots] += 1
         host.active[slots] = True
-        host.position[slots] = [len(j.prompt_ids) for j in jobs]
-        out = _Output(slots, host.epoch[slots].copy(), np.arange(n), self._to_host(text.prefill_codes[:n]), None)
-        out.ready = self._event()
-        return out
-
-    def _decode_active(self, state, graphs, active, position, batch_buckets, end_id) -> tuple[np.ndarray, int]:
-        """One decode step over the active slots of ``state`` (audio or refine-text), at the
-        smallest captured (batch, length) bucket that holds them: replayed when captured, else
-        run eagerly. Returns the active slots and the batch bucket."""
-        slots = np.flatnonzero(active)
-        batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
-        need = min(int(position[slots].max()), self.max_model_len - 1) + 1
-        length = pick_bucket(self.length_buckets, need)
-        graph = graphs.get((batch, length))
-        if graph is not None:
-            graph.replay()
-        else:
-            decode_step(self.model.gpt, state, batch, length, end_id)
-        return slots, batch
-
-    def _launch_text_step(self) -> _Output:
-        text, host = self._text, self._refine
-        slots, batch = self._decode_active(text, self._text_graphs, host.active, host.position,
-                                           self.refine_batch_buckets, self._refine_end)
-        host.position[slots] += 1
-        out = _Output(slots, host.epoch[slots].copy(), slots, self._to_host(text.codes[:batch]), None)
+        self._text_index_stale = True
+        self._position[slots] = [len(j.prompt_ids) for j in jobs]
+        out = _Output(slots, host.epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]), None)
         out.ready = self._event()
         return out
 
@@ -947,23 +959,50 @@ class GraphEngine(ReferenceEngine):
         host = self._refine
         host.active[job.slot] = False
         del host.running[job.slot]
-        heapq.heappush(host.free, job.slot)
+        self._text_index_stale = True
+        heapq.heappush(self._free, job.slot)
         self._text_result(job.job_id, job.tokens, error)
 
     # -- decode steps ----------------------------------------------------------------------------
 
-    def _launch_step(self) -> _Output:
-        state = self._state
-        slots, batch = self._decode_active(state, self._graphs, self._active, self._position,
-                                           self.batch_buckets, self._eos)
+    def _launch_step(self) -> list[tuple[bool, _Output]]:
+        """One decode step over every occupied slot, audio and refine-text rows together, at the smallest
+        captured (batch, length) bucket that holds them: replayed when captured, else run eagerly.
+        Returns (is refine-text, output) for each kind present; both read the same codes."""
+        state, refine = self._state, self._refine
+        occupied = self._active | refine.active
+        slots = np.flatnonzero(occupied)
+        batch = pick_bucket(self.batch_buckets, int(slots[-1]) + 1)
+        need = min(int(self._position[slots].max()), self.max_model_len - 1) + 1
+        length = pick_bucket(self.length_buckets, need)
+        mixed = bool(refine.running)
+        if mixed and self._text_index_stale:
+            index = np.full(self.refine_rows, state.scratch, np.int64)
+            text_slots = np.flatnonzero(refine.active)
+            index[:len(text_slots)] = text_slots
+            self._to_device(state.text_index, index)
+            self._text_index_stale = False
+        graph = self._graphs.get((batch, length, mixed))
+        if graph is not None:
+            graph.replay()
+        else:
+            decode_step(self.model.gpt, state, batch, length, self._eos, self._refine_end if mixed else None,
+                        self._ragged(batch))
         self.steps += 1
         self.observer.on_step(len(slots))
         self._position[slots] += 1
-        want_hidden = bool(self._want_hidden[slots].any())
-        out = _Output(slots, self._epoch[slots].copy(), slots, self._to_host(state.codes[:batch]),
-                      self._to_host(state.hidden[:batch]) if want_hidden else None)
-        out.ready = self._event()
-        return out
+        audio = slots[self._active[slots]]
+        text = slots[refine.active[slots]]
+        want_hidden = bool(self._want_hidden[audio].any())
+        codes = self._to_host(state.codes[:batch])
+        hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
+        ready = self._event()
+        outputs = []
+        if len(audio):
+            outputs.append((False, _Output(audio, self._epoch[audio].copy(), audio, codes, hidden, ready)))
+        if len(text):
+            outputs.append((True, _Output(text, refine.epoch[text].copy(), text, codes, None, ready)))
+        return outputs
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
         """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""

@@ -138,13 +138,16 @@ class ChatTTSGPT(nn.Module):
         cache.advance(t, new_valid)
         return out
 
-    def body(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-             write_kv: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def body(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+             write_kv: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+             attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """The Llama layers and final norm over ``h [B, T, H]``.
 
         ``write_kv(layer, k, v)`` stores the new keys/values wherever the caller keeps its
         cache and returns the keys/values to attend to; ``mask`` is the boolean attention
         mask over those. Shared by the reference engine's cache and the graph engine's slots.
+        ``attend(q, keys, values)``, when given, replaces the masked ``scaled_dot_product_attention``
+        (the graph engine's ragged decode kernel, which knows each row's length itself).
         """
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
 
@@ -159,10 +162,13 @@ class ChatTTSGPT(nn.Module):
             v = attn.v_proj(x).view(b, t, -1, s.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = write_kv(idx, k, v)
-            if groups > 1:
-                keys = keys.repeat_interleave(groups, dim=1)
-                values = values.repeat_interleave(groups, dim=1)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            if attend is not None:
+                o = attend(q, keys, values)
+            else:
+                if groups > 1:
+                    keys = keys.repeat_interleave(groups, dim=1)
+                    values = values.repeat_interleave(groups, dim=1)
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.llama.norm(h)
