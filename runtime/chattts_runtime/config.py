@@ -134,7 +134,7 @@ class GenerationSettings(_Strict):
         "logprobs: hidden_size more values per frame from the engine core).")
     refine_text: bool | None = Field(
         None, description="Run upstream's refine-text pass before the audio codes. None: on for every engine "
-        "(upstream's default; the graph engine runs it batched in text slots of its own, vllm as a second "
+        "(upstream's default; the graph engine runs it batched as rows of its audio steps, vllm as a second "
         "generation with the text head).")
     warmup: bool = Field(True, description="Run one short synthesis before reporting ready.")
 

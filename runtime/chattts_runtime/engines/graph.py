@@ -9,7 +9,10 @@ frame history on the device. Three kinds of work are captured once and replayed:
 * a decode step for slots ``[0, batch bucket)`` over KV columns ``[0, length bucket)``,
   with sampling of the 4 code heads (temperature, repetition penalty, top-k, top-p,
   min-frames, uniforms from a counter hash) inside the graph; sampled codes are written
-  straight back into the next step's input buffer;
+  straight back into the next step's input buffer. Refine-text jobs are slots too: a step
+  "mixed" with them embeds their text tokens and samples the text head for those rows
+  (upstream's refine pass, same trunk, same launch); from 128 rows the step attends with
+  the ragged kernel of :mod:`~chattts_runtime.engines.attention`;
 * a prefill of up to ``prefill_rows`` newcomers (prompt embedding with the speaker
   vector, sampling parameters loaded into their slots, first frame sampled), per
   (newcomer bucket, prompt-length bucket); one host->device copy feeds it;
@@ -183,10 +186,11 @@ class SlotState:
     def embed(self, codes: torch.Tensor, is_text: torch.Tensor) -> torch.Tensor:
         """``codes [B, heads]`` -> input embeddings ``[B, hidden]``; rows flagged ``is_text`` embed column 0
         as a text token. Each embedding reads zeros in the rows of the other kind (a text token may lie past
-        the code vocabulary); the text ids are clamped too: a slot whose refine job ended keeps its flag
-        until its next prefill while the code heads write its input, and its row is read by no one."""
+        the code vocabulary), and both are clamped into their vocabularies: a slot whose refine job ended
+        keeps its flag until its next prefill while the code heads write its input (its row is read by no
+        one), and an out-of-range id would stop the device, not just spoil a row."""
         embed = self.gpt.embed
-        audio = embed.embed_codes(torch.where(is_text[:, None], 0, codes))
+        audio = embed.embed_codes(torch.where(is_text[:, None], 0, codes).clamp(max=self.vocab - 1))
         text = embed.emb_text(torch.where(is_text, codes[:, 0], 0).clamp(max=self.text_vocab - 1))
         return torch.where(is_text[:, None], text.to(audio.dtype), audio)
 
@@ -386,7 +390,7 @@ def pack_prefill(rows: int, length: int, speaker_width: int, scratch: int, items
 
 @dataclass
 class _TextJob:
-    """One refine-text prompt on its way through the text slots."""
+    """One refine-text prompt on its way through a slot (a refine row of the steps)."""
 
     job_id: str
     prompt_ids: tuple[int, ...]
