@@ -2,11 +2,16 @@
 
 A long input is cut into pieces (``text.split``); each piece is its own engine request.
 :func:`chain_pieces` yields the first piece's chunks, then the next piece's, and so on;
-only the last piece's final chunk is ``finished``, so the speech API's decoders see one
-continuous frame stream and the audio is the pieces' concatenation without gaps. The next
-piece is submitted as soon as the current one starts producing, so it is generated while
-the current one is still streamed. A piece the engine cannot queue yet (QueueFull) is
-retried: the request was already admitted, so its later pieces wait rather than fail.
+only the last piece's final chunk is ``finished``; the last chunk of every other piece says
+``piece_end``, and each piece's audio is decoded on its own (by the engine for streams, or
+by the speech API), as upstream decodes every piece of a split text and concatenates them.
+The next piece is submitted when the current one ends: one engine slot per response, so
+``max_num_seqs`` streams fit ``max_num_seqs`` slots (submitted as soon as the current piece
+produced, a paragraph held two slots most of its life, and past half the slots responses
+queued behind other responses' next pieces). The gap costs the listener nothing: a piece is
+generated faster than it plays, so its audio is ahead when the next one starts. A piece the
+engine cannot queue yet (QueueFull) is retried: the request was already admitted, so its
+later pieces wait rather than fail.
 """
 from __future__ import annotations
 
@@ -43,15 +48,14 @@ async def chain_pieces(engine: Engine, first: AsyncIterator[FrameChunk],
         for index in range(len(rest) + 1):
             last = index == len(rest)
             async for chunk in current:
-                if upcoming is None and not last:
+                if chunk.finished and not last and chunk.finish_reason in OK_REASONS:
+                    # A joint between pieces: the response goes on with the next piece.
                     try:
                         upcoming = await submit_admitted(engine, rest[index])
                     except EngineStopped:
                         yield _error_chunk("server is shutting down")
                         return
-                if chunk.finished and not last and chunk.finish_reason in OK_REASONS:
-                    # A joint between pieces: the audio goes on.
-                    yield FrameChunk(chunk.codes, chunk.hidden, audio=chunk.audio)
+                    yield FrameChunk(chunk.codes, chunk.hidden, audio=chunk.audio, piece_end=True)
                     continue
                 yield chunk
                 if chunk.finished:

@@ -195,14 +195,12 @@ def build_app(holder: "ServiceHolder"):
                     yield data
 
         async def sse_body():
-            total = 0
-            async for data, samples in encoded():
-                total += samples
+            async for data, _ in encoded():
                 if not data:
                     continue
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
                 yield f"data: {json.dumps(event)}\n\n"
-            frames_out = -(-total // service.model.sizes.samples_per_frame)  # the last frame is half sent
+            frames_out = synthesis.frames  # every frame generated (each piece's last one is half sent)
             done = {"type": "speech.audio.done",
                     "usage": {"input_tokens": synthesis.prompt_tokens, "output_tokens": frames_out,
                               "total_tokens": synthesis.prompt_tokens + frames_out}}

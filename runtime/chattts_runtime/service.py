@@ -106,6 +106,7 @@ class Synthesis:
     sample: VoiceSample | None = None  # a voice from a reference clip
     more: tuple[SynthesisRequest, ...] = ()  # the following pieces of a long input, in order
     texts: tuple[str, ...] = ()  # each piece's text as the tokenizer read it
+    frames: int = 0  # audio frames generated for it so far (the response's output tokens)
 
     @property
     def prompt_tokens(self) -> int:
@@ -180,8 +181,8 @@ class SpeechService:
                 request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
                 params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
                 # Engines that decode audio in their own loop do it for streams (same windows as ours), on
-                # either path; a long input's pieces are decoded here as one stream, windows across joints.
-                want_audio=req.streaming and len(pieces) == 1 and self.engine.decodes_audio))
+                # either path, every piece of a long input on its own (as upstream decodes its pieces).
+                want_audio=req.streaming and self.engine.decodes_audio))
         return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
                          pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
                          more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
@@ -321,7 +322,8 @@ class SpeechService:
         outcomes (errors, a client that left) are counted by the caller that sees them."""
         req = synthesis.request
         hidden = req.want_hidden
-        parts: list[np.ndarray] = []
+        parts: list[np.ndarray] = []  # frames of the piece being generated
+        pieces: list[np.ndarray] = []  # audio of the pieces before it: each decoded on its own, as upstream
         self.in_flight += 1
         try:
             async for chunk in stream:
@@ -329,8 +331,11 @@ class SpeechService:
                     raise APIError(500, f"generation failed: {chunk.error}", err_type="server_error")
                 if len(chunk.codes):
                     parts.append(self._frames_of(chunk, hidden))
-            frames = np.concatenate(parts) if parts else np.zeros((0, 1))
-            audio = await self._in_pool(self._decode_frames, frames) if len(frames) else np.zeros(0, np.float32)
+                if chunk.piece_end or chunk.finished:
+                    if parts:
+                        pieces.append(await self._in_pool(self._decode_frames, np.concatenate(parts)))
+                    parts = []
+            audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
             if record:
                 self.metrics.ttfa.observe(time.monotonic() - req.arrival)
                 self._finish(req.arrival, len(audio), "ok")
@@ -357,19 +362,24 @@ class SpeechService:
                     status = "error"
                     log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
                     return
+                synthesis.frames += len(chunk.codes)
                 out = [chunk.audio] if req.want_audio else []
                 if not req.want_audio:
                     if len(chunk.codes):
                         decoder.push(self._frames_of(chunk, req.want_hidden))
-                    # Windows of exactly the schedule's sizes, however many frames a chunk brings (an
-                    # engine's chunk, or the joint between two pieces of a long input, moves none).
+                    # Windows of exactly the schedule's sizes, however many frames a chunk brings; a
+                    # piece's end flushes its frames, and the next piece starts a schedule of its own.
+                    ends = chunk.finished or chunk.piece_end
                     while True:
                         due = windows.first_frames if not windows_decoded else windows.chunk_frames
-                        if decoder.pending_frames < due and not (chunk.finished and decoder.pending_frames):
+                        if decoder.pending_frames < due and not (ends and decoder.pending_frames):
                             break
                         frames, start, n = decoder.next_window(due if decoder.pending_frames >= due else None)
                         out.append(decoder.accept(await self._batched.decode(frames), start, n))
                         windows_decoded += 1
+                    if chunk.piece_end:
+                        decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
+                        windows_decoded = 0
                 for samples in out:
                     if samples is not None and len(samples):
                         if produced == 0:

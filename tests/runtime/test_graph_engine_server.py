@@ -113,8 +113,9 @@ LONG = ("the quick brown fox jumps over the lazy dog! " * 12).strip()
 
 @pytest.mark.parametrize("path", ["dvae", "decoder"])
 def test_long_input_on_the_graph_engine_streams_the_reference_audio(start_server, endless_checkpoint, path):
-    """A long input in several pieces: one continuous stream, as the reference engine serves it (the
-    speech API decodes the chained pieces' frames as one stream, windows across the joints)."""
+    """A long input in several pieces: one stream, as the reference engine serves it, each piece's audio
+    decoded on its own (by the graph engine for streams, by the speech API otherwise), as upstream
+    decodes the pieces of a split text and concatenates them."""
     settings = {"engine": {"max_model_len": 256}, "text": {"frames_per_text_token": 0.5},
                 "generation": {"max_new_frames": 300, "stream_chunk_frames": 12, "audio_decoder": path}}
     reference = start_server(settings, checkpoint=endless_checkpoint)
@@ -130,4 +131,4 @@ def test_long_input_on_the_graph_engine_streams_the_reference_audio(start_server
     config = RuntimeConfig.model_validate({"model": {"path": str(endless_checkpoint)}, "engine_kind": "graph", **settings})
     pieces = FrontEnd.from_config(config, load_chattts(endless_checkpoint).tokenizer).pieces(LONG)
     assert len(pieces) > 2  # really in pieces
-    assert len(got) == (2 * sum(p.max_frames for p in pieces) - 1) * 256  # no gap at any joint
+    assert len(got) == sum(2 * p.max_frames - 1 for p in pieces) * 256  # every piece whole, nothing lost at a joint

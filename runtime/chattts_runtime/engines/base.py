@@ -77,6 +77,9 @@ class FrameChunk:
     finish_reason: str | None = None  # "eos" | "length" | "aborted" | "error"
     error: str | None = None
     audio: np.ndarray | None = None  # float32 samples not sent before, for ``want_audio`` requests
+    # The last chunk of one piece of a longer response (``longform.chain_pieces``): the next piece's
+    # audio is decoded on its own, as upstream decodes every piece of a split text.
+    piece_end: bool = False
 
 
 class SchedulerObserver(Protocol):
