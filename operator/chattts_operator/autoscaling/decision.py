@@ -353,7 +353,14 @@ def decide(
     scale-up unless the replicas are idle (nothing running or waiting, no request in the
     window). Scale-downs themselves leave 3 sigma of Poisson noise of room
     (``shrink_headroom``) over the highest load of the down-stabilization window, so the
-    load that follows a scale-down rarely asks for the replica back."""
+    load that follows a scale-down rarely asks for the replica back.
+
+    ``quick_rebound`` is ``forecast.DemandHistory.quick_rebound``: False when the last hour's
+    demand record holds no deep dip that came back within the reversal guard. Then a deep drop
+    (the load asks for half the replicas or fewer) takes the highest recommendation of
+    ``deepDropWindow`` (1 min) instead of the scale-down window; True or None (unknown) keep it.
+    While the wait is above target the recommendation covers the demand one evaluation ahead
+    (``demand_ahead``)."""
     if current_replicas < 0:
         raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
     if spec.max_replicas is None:
