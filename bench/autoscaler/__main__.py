@@ -190,7 +190,7 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_ylabel("load (req/s)")
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
-    colors = iter(["tab:green", "tab:blue", "tab:orange"])
+    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray"])
     for run in summary["runs"]:
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]

@@ -36,8 +36,9 @@ def verdicts(raw: list[dict]) -> list[dict]:
                 "below_keda": ours["slo_violation_minutes"] < keda["slo_violation_minutes"]
                 or keda["slo_violation_minutes"] == ours["slo_violation_minutes"] == 0,
                 "hours_at_most_hpa": ours["replica_hours"] <= hpa["replica_hours"],
-                # No autoscaler without foresight does better than the reactive oracle: where
-                # even it has more than half of HPA's violation minutes, that half is out of reach.
+                # No autoscaler that sizes for the present load does better than the reactive
+                # oracle: where even it has more than half of HPA's violation minutes, that half
+                # is out of reach (short of holding spare replicas in advance).
                 "oracle_violations": oracle,
                 "half_of_hpa_possible": oracle is None or oracle <= hpa["slo_violation_minutes"] / 2,
             })
@@ -47,8 +48,8 @@ def verdicts(raw: list[dict]) -> list[dict]:
 def bar_section(raw: list[dict]) -> str:
     mark = {True: "yes", False: "**no**"}
     lines = [HEADING, "",
-             "Violation minutes: ours vs HPA's, then the reactive oracle's (the floor for any autoscaler "
-             "without foresight); *impossible* where even the oracle has more than half of HPA's.", "",
+             "Violation minutes: ours vs HPA's, then the reactive oracle's (the floor for an autoscaler that "
+             "sizes for the present load); *impossible* where even the oracle has more than half of HPA's.", "",
              "| calibration | trace | no reversal within 10 min | violation min <= HPA/2 | < KEDA | replica-h <= HPA |",
              "|---|---|---|---|---|---|"]
     rows = verdicts(raw)

@@ -117,7 +117,7 @@ class Keda(_HpaCore):
 
 
 class ReactiveOracle:
-    """The floor of what any autoscaler without foresight can do: it knows the true request
+    """The floor of what an autoscaler that sizes for the present load can do: it knows the true request
     rate of the present instant (no metric, no detection delay, no window) and, the moment
     the replicas it has would carry less than that rate, asks for ``max_replicas`` at once
     (no rate policy); it never scales down. What it still violates is the cold start's

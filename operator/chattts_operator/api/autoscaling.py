@@ -474,11 +474,6 @@ class AutoscalingSpec(_SpecModel):
     def reversal_guard_seconds(self) -> float:
         return parse_duration(self.reversal_guard)
 
-    @field_validator("deep_drop_window")
-    @classmethod
-    def _deep_drop_valid(cls, value: str) -> str:
-        return _validate_duration(value, "deepDropWindow")
-
     @property
     def deep_drop_window_seconds(self) -> float:
         return parse_duration(self.deep_drop_window)
