@@ -9,6 +9,7 @@ import pytest
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide, per_replica_load_limit
 from chattts_operator.autoscaling.decision import demand_ahead
+from chattts_operator.autoscaling.status import next_status
 
 NOW = 1_000_000.0
 SLOTS = 16.0
@@ -104,6 +105,9 @@ def test_a_deep_drop_without_quick_rebounds_scales_down_after_the_deep_drop_wind
     down = decide(spec(), 10, low, history, NOW, quick_rebound=False)
     assert down.desired_replicas == down.raw_recommendation < 5, down.message
     assert "deep drop" in down.message and "scale-down window 1m" in down.message
+    # Status says why: the decision record carries the reason and the rule that allowed it.
+    [record] = next_status(None, down, 10, NOW).decisions
+    assert record.reason == "ScaleDown" and "deep drop" in record.message
     # The same drop where the last hour's load came back quickly, or nothing is known: 360 s.
     for rebound in (True, None):
         held = decide(spec(), 10, low, history, NOW, quick_rebound=rebound)
