@@ -24,7 +24,8 @@ from bench.autoscaler import traces as trace_lib
 from chattts_operator.autoscaling import DemandHistory
 from bench.autoscaler.bar import bar_section
 from bench.autoscaler.fleet import FleetModel, flaps, minute_quantiles, reversals, simulate
-from bench.autoscaler.policies import Hpa, Keda, Operator
+from bench.autoscaler.policies import Hpa, Keda, Operator, ReactiveOracle
+from chattts_operator.autoscaling import per_replica_load_limit
 
 MIN_REPLICAS, MAX_REPLICAS = 1, 16
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -134,6 +135,13 @@ def initial_replicas(trace, model: FleetModel) -> int:
     return max(MIN_REPLICAS, math.ceil(trace.rate[:60].mean() * mean_service / (model.slots / 2)))
 
 
+def per_replica_rate(trace, model: FleetModel, spec: AutoscalingSpec) -> float:
+    """Requests per second one replica carries at the load limit (the oracle's sizing)."""
+    limit = per_replica_load_limit(model.slots, spec.quantile)
+    service = float(np.mean(trace.frames)) * model.step_seconds(round(limit)) * model.pipeline_factor
+    return limit / service
+
+
 def run_trace(trace, calibration: Calibration, seed: int) -> dict:
     spec = operator_spec(calibration.target)
     target = spec.target_seconds
@@ -142,6 +150,7 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
         Operator(spec, demand=prior_day_demand(trace, calibration, seed) if trace.duration >= DAY else None),
         Hpa(target, MIN_REPLICAS, MAX_REPLICAS),
         Keda(5.0, MIN_REPLICAS, MAX_REPLICAS),
+        ReactiveOracle(trace.rate, per_replica_rate(trace, model, spec), MAX_REPLICAS),
     ]
     initial = initial_replicas(trace, model)
     out = {"trace": trace.name, "title": trace.title, "calibration": calibration.name,
@@ -181,7 +190,7 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_ylabel("load (req/s)")
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
-    colors = iter(["tab:green", "tab:blue", "tab:orange"])
+    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray"])
     for run in summary["runs"]:
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 HEADING = "## Against the bar"
 OURS, HPA, KEDA = "operator", "HPA (wait quantile)", "KEDA (waiting > 5)"
+ORACLE = "reactive oracle (max at once)"
 
 
 def verdicts(raw: list[dict]) -> list[dict]:
@@ -23,6 +24,7 @@ def verdicts(raw: list[dict]) -> list[dict]:
         for result in calibration["results"]:
             runs = {r["autoscaler"]: r for r in result["runs"]}
             ours, hpa, keda = runs[OURS], runs[HPA], runs[KEDA]
+            oracle = runs.get(ORACLE, {}).get("slo_violation_minutes")
             rows.append({
                 "calibration": calibration["calibration"], "trace": result["title"],
                 "flaps": ours["flaps_under_10min"],
@@ -34,6 +36,11 @@ def verdicts(raw: list[dict]) -> list[dict]:
                 "below_keda": ours["slo_violation_minutes"] < keda["slo_violation_minutes"]
                 or keda["slo_violation_minutes"] == ours["slo_violation_minutes"] == 0,
                 "hours_at_most_hpa": ours["replica_hours"] <= hpa["replica_hours"],
+                # No autoscaler that sizes for the present load does better than the reactive
+                # oracle: where even it has more than half of HPA's violation minutes, that half
+                # is out of reach (short of holding spare replicas in advance).
+                "oracle_violations": oracle,
+                "half_of_hpa_possible": oracle is None or oracle <= hpa["slo_violation_minutes"] / 2,
             })
     return rows
 
@@ -41,14 +48,22 @@ def verdicts(raw: list[dict]) -> list[dict]:
 def bar_section(raw: list[dict]) -> str:
     mark = {True: "yes", False: "**no**"}
     lines = [HEADING, "",
+             "Violation minutes: ours vs HPA's, then the reactive oracle's (the floor for an autoscaler that "
+             "sizes for the present load); *impossible* where even the oracle has more than half of HPA's.", "",
              "| calibration | trace | no reversal within 10 min | violation min <= HPA/2 | < KEDA | replica-h <= HPA |",
              "|---|---|---|---|---|---|"]
-    for v in verdicts(raw):
+    rows = verdicts(raw)
+    for v in rows:
+        floor = "" if v["oracle_violations"] is None else f"; oracle {v['oracle_violations']}"
+        if not v["half_of_hpa_possible"]:
+            floor += ", *impossible*"
         lines.append(
             f"| {v['calibration']} | {v['trace']} | {mark[v['no_flaps']]} ({v['flaps']}) | "
-            f"{mark[v['half_of_hpa']]} ({v['violations']} vs {v['hpa_violations']}) | "
+            f"{mark[v['half_of_hpa']]} ({v['violations']} vs {v['hpa_violations']}{floor}) | "
             f"{mark[v['below_keda']]} ({v['keda_violations']}) | "
             f"{mark[v['hours_at_most_hpa']]} ({v['replica_hours']} vs {v['hpa_replica_hours']}) |")
+    met = sum(all(v[k] for k in ("no_flaps", "half_of_hpa", "below_keda", "hours_at_most_hpa")) for v in rows)
+    lines += ["", f"{met} of {len(rows)} (trace, calibration) pairs meet every criterion."]
     return "\n".join(lines) + "\n"
 
 

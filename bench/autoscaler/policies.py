@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide
 
@@ -35,7 +37,9 @@ class Operator:
         # A dropped scrape adds nothing: the decision sees older samples go stale, as in the operator.
         self.samples = [s for s in self.samples if now - s.time <= horizon] + ([sample] if sample else [])
         floor = self.demand.floor(now, self.spec.forecast) if self.spec.forecast.enabled else None
-        decision = decide(self.spec, current_replicas, self.samples, self.history, now, floor=floor)
+        rebound = self.demand.quick_rebound(now, self.spec.reversal_guard_seconds)
+        decision = decide(self.spec, current_replicas, self.samples, self.history, now, floor=floor,
+                          quick_rebound=rebound)
         self.history = decision.history
         self.demand.record(now, decision.sized)
         self.decisions.append(decision)
@@ -110,3 +114,23 @@ class Keda(_HpaCore):
 
     def _raw(self, current, sample):
         return math.ceil((sample.requests_waiting or 0.0) / self.threshold)
+
+
+class ReactiveOracle:
+    """The floor of what an autoscaler that sizes for the present load can do: it knows the true request
+    rate of the present instant (no metric, no detection delay, no window) and, the moment
+    the replicas it has would carry less than that rate, asks for ``max_replicas`` at once
+    (no rate policy); it never scales down. What it still violates is the cold start's
+    doing: new replicas serve ``cold_start`` later, and the requests that queued on the
+    Ready replicas meanwhile stay there (the Service does not move them)."""
+
+    name = "reactive oracle (max at once)"
+
+    def __init__(self, rate: np.ndarray, per_replica_rate: float, max_replicas: int):
+        self.rate = rate
+        self.per_replica_rate = per_replica_rate
+        self.max_replicas = max_replicas
+
+    def evaluate(self, now: float, current: int, sample: FleetSample | None) -> int:
+        rate_now = float(self.rate[min(int(now), len(self.rate) - 1)])
+        return self.max_replicas if rate_now > current * self.per_replica_rate else current

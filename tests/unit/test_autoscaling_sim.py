@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.autoscaler.fleet import FleetModel, flaps, minute_quantiles, reversals, simulate
-from bench.autoscaler.policies import Hpa, Keda
+from bench.autoscaler.policies import Hpa, Keda, ReactiveOracle
 from chattts_operator.autoscaling import FleetSample
 
 
@@ -103,3 +103,15 @@ def test_keda_baseline_average_value_on_waiting():
     assert keda.evaluate(15.0, 3, _sample(waiting=15)) == 3  # usage ratio 1: no change
     assert keda.evaluate(30.0, 3, _sample(waiting=0)) == 3  # stabilized
     assert keda.evaluate(331.0, 3, _sample(waiting=0)) == 1
+
+
+def test_the_reactive_oracle_goes_to_max_the_moment_the_rate_outgrows_its_replicas():
+    """It reads the true rate of the present (no metric: the sample may be missing), jumps to
+    max at once and never scales down: its violations are the cold start's alone."""
+    rate = np.array([2.0] * 10 + [9.0] * 10 + [1.0] * 10)
+    oracle = ReactiveOracle(rate, per_replica_rate=4.0, max_replicas=16)
+    assert oracle.evaluate(5.0, 1, None) == 1  # 2 req/s: one replica carries 4
+    assert oracle.evaluate(12.0, 2, None) == 16  # 9 req/s > 2 x 4: max at once, not 3
+    assert oracle.evaluate(25.0, 16, None) == 16  # the load fell: it never scales down
+    assert oracle.evaluate(99.0, 1, None) == 1  # past the trace: its last rate
+

@@ -440,6 +440,15 @@ class AutoscalingSpec(_SpecModel):
             "flight, no request in the window): a reversal this soon is flapping."
         ),
     )
+    deep_drop_window: str = Field(
+        "1m",
+        pattern=DURATION_PATTERN,
+        description=(
+            "Scale-down stabilization after a deep drop (the load needs half the replicas or fewer), "
+            "used instead of behavior.scaleDown's window while the last hour's demand record holds no "
+            "deep dip that came back within reversalGuard. Set it to that window to turn it off."
+        ),
+    )
     forecast: ForecastSpec = Field(default_factory=ForecastSpec, description="Forecast-aware minimums.")
     metrics: MetricSource = Field(default_factory=MetricSource, description="Where the metric is read.")
     batch_token_tuning: BatchTokenTuning = Field(
@@ -464,6 +473,10 @@ class AutoscalingSpec(_SpecModel):
     @property
     def reversal_guard_seconds(self) -> float:
         return parse_duration(self.reversal_guard)
+
+    @property
+    def deep_drop_window_seconds(self) -> float:
+        return parse_duration(self.deep_drop_window)
 
     @field_validator("staleness")
     @classmethod

@@ -261,7 +261,8 @@ class Autoscaler:
         history = state.history if state.history is not None else history_from_status(previous)
         forecast = auto.forecast
         floor = state.demand.floor(now, forecast) if forecast.enabled else None
-        decision = decide(auto, current, state.samples, history, now, replica_cap(body), floor=floor)
+        decision = decide(auto, current, state.samples, history, now, replica_cap(body), floor=floor,
+                          quick_rebound=state.demand.quick_rebound(now, auto.reversal_guard_seconds))
         state.history = decision.history
         state.demand.record(now, decision.sized, keep=forecast.period_seconds + forecast.lead_seconds)
         AUTOSCALER.observe(namespace, name, desired=decision.desired_replicas, current=current,

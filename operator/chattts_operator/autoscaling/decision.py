@@ -198,6 +198,17 @@ def learn_step_seconds(previous: float | None, samples: Sequence[FleetSample], l
     return observed if previous is None else 0.8 * previous + 0.2 * observed
 
 
+def demand_ahead(samples: Sequence[FleetSample]) -> float:
+    """Requests in flight one evaluation ahead: the newest sample plus the growth since the
+    one before (a linear extrapolation over one interval; no growth, no extrapolation)."""
+    known = [s.demand for s in samples if s.demand is not None]
+    if not known:
+        return 0.0
+    if len(known) == 1:
+        return known[-1]
+    return known[-1] + max(known[-1] - known[-2], 0.0)
+
+
 def shrink_headroom(level: float) -> float:
     """Load a smaller fleet must still carry: the level plus 3 sigma of Poisson noise.
     Scale-downs that leave no room for ordinary noise are reversed minutes later."""
@@ -242,7 +253,11 @@ def raw_recommendation(
         ready = latest.ready_replicas
         running = latest.requests_running or 0.0
         backlog = math.ceil(ready * (latest.demand or 0.0) / running) if running > 0 and ready > 0 else current + 1
-        recommended = max(math.ceil(max(demand[1], shrink_level) / limit - 1e-9), backlog)
+        # A sustained deficit grows the queue while new replicas start: size for the demand
+        # one evaluation ahead (the newest growth, extrapolated), not the demand already
+        # seen, or every evaluation adds a step that pays its own cold start.
+        ahead = demand_ahead(samples)
+        recommended = max(math.ceil(max(demand[1], shrink_level, ahead) / limit - 1e-9), backlog)
         if recommended <= current and ready >= current:
             recommended = current + 1
         return max(recommended, current), f"wait {format_duration(wait)} above target; {why}", max(needed, 1)
@@ -324,6 +339,7 @@ def decide(
     now: float,
     cap: int | None = None,
     floor: int | None = None,
+    quick_rebound: bool | None = None,
 ) -> Decision:
     """Desired replicas for one evaluation.
 
@@ -337,7 +353,14 @@ def decide(
     scale-up unless the replicas are idle (nothing running or waiting, no request in the
     window). Scale-downs themselves leave 3 sigma of Poisson noise of room
     (``shrink_headroom``) over the highest load of the down-stabilization window, so the
-    load that follows a scale-down rarely asks for the replica back."""
+    load that follows a scale-down rarely asks for the replica back.
+
+    ``quick_rebound`` is ``forecast.DemandHistory.quick_rebound``: False when the last hour's
+    demand record holds no deep dip that came back within the reversal guard. Then a deep drop
+    (the load asks for half the replicas or fewer) takes the highest recommendation of
+    ``deepDropWindow`` (1 min) instead of the scale-down window; True or None (unknown) keep it.
+    While the wait is above target the recommendation covers the demand one evaluation ahead
+    (``demand_ahead``)."""
     if current_replicas < 0:
         raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
     if spec.max_replicas is None:
@@ -400,8 +423,13 @@ def decide(
         why += "; samples cover less than half the window: no scale-down"
 
     behavior = spec.behavior
-    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up,
-                            spec.behavior.scale_down.stabilization_window_seconds)
+    down_window = behavior.scale_down.stabilization_window_seconds
+    if quick_rebound is False and 2 * recommendation <= current_replicas:
+        # A deep drop is no noise, and the last hour shows no load that came back that soon.
+        down_window = min(down_window, spec.deep_drop_window_seconds)
+        if down_window < behavior.scale_down.stabilization_window_seconds:
+            why += f"; deep drop, no quick rebound in the last hour: scale-down window {spec.deep_drop_window}"
+    stabilized = _stabilize(current_replicas, recommendation, now, history, behavior.scale_up, down_window)
     limited_by = "Stabilized" if stabilized != recommendation else ""
     if stabilized > current_replicas:
         limited_value = _rate_limit(current_replicas, stabilized, now, history, behavior.scale_up, up=True)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from chattts_operator.api.autoscaling import ForecastSpec
 
 MINUTE = 60.0
+# How far back quick_rebound looks for load that fell deep and came back (an hour).
+REBOUND_LOOKBACK = 3600.0
 
 
 @dataclass
@@ -46,3 +48,25 @@ class DemandHistory:
             return None
         seen = [self.minutes[m] for m in range(start, end + 1) if m in self.minutes]
         return max(seen) if seen else None
+
+    def quick_rebound(self, now: float, within: float, lookback: float = REBOUND_LOOKBACK) -> bool | None:
+        """Whether the record of the last ``lookback`` seconds holds load that fell deep and came
+        back within ``within`` (the reversal guard): from a minute's need, down to at most half
+        of it (and by 2 replicas at least), and back to it, all within ``within``. None while
+        the record does not cover the lookback (after a start: unknown, the caller stays careful)."""
+        last = int(now // MINUTE)
+        first = last - int(lookback // MINUTE)
+        span = max(int(within // MINUTE), 1)
+        if not self.minutes or min(self.minutes) > first:
+            return None
+        needed = [self.minutes.get(m) for m in range(first, last + 1)]
+        for peak_at, peak in enumerate(needed):
+            if peak is None or peak < 2:
+                continue
+            excursion = [n for n in needed[peak_at + 1:peak_at + 1 + span] if n is not None]
+            for k, n in enumerate(excursion):
+                if n >= peak:
+                    break  # back at the peak without a deep dip first: try the next peak
+                if peak - n >= 2 and 2 * n <= peak and any(m >= peak for m in excursion[k + 1:]):
+                    return True
+        return False
