@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-
 from pathlib import Path
+
+from bench.runtime.gpu_timing import event_median_ms
 
 
 def main() -> int:
@@ -39,16 +39,7 @@ def main() -> int:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        times = []
-        for i in range(60):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            if i >= 10:
-                times.append(a.elapsed_time(b))
-        return round(statistics.median(times) * 1000, 1)  # microseconds
+        return round(event_median_ms(graph.replay, runs=50, warmup=10) * 1000, 1)  # microseconds
 
     with torch.inference_mode():
         for batch in (1, 16, 64, 128, 256):

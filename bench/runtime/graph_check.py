@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.gpu_timing import event_median_ms
 
 
 async def generate(engine_cls, model, texts, params, **kw):
@@ -124,17 +125,9 @@ def main() -> int:
                     start = start.to(state.position.device)
                     row = {}
                     for name, graph in variants.items():
-                        times = []
-                        for i in range(40):
-                            state.position[:batch] = start - 1  # the step moves each row on by one
-                            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            a.record()
-                            graph.replay()
-                            b.record()
-                            b.synchronize()
-                            if i >= 5:
-                                times.append(a.elapsed_time(b))
-                        row[name] = round(statistics.median(times), 3)
+                        # The step moves each row on by one: back to the drawn contexts before every replay.
+                        row[name] = round(event_median_ms(graph.replay, runs=35, warmup=5,
+                                                          before=lambda: state.position[:batch].copy_(start - 1)), 3)
                     steps[f"{batch}x{length}/{contexts}"] = row
                 del padded
     report["decode_attention"] = engine.describe()["decode_attention"]

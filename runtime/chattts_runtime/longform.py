@@ -5,13 +5,15 @@ A long input is cut into pieces (``text.split``); each piece is its own engine r
 only the last piece's final chunk is ``finished``; the last chunk of every other piece says
 ``piece_end``, and each piece's audio is decoded on its own (by the engine for streams, or
 by the speech API), as upstream decodes every piece of a split text and concatenates them.
-The next piece is submitted when the current one ends: one engine slot per response, so
-``max_num_seqs`` streams fit ``max_num_seqs`` slots (submitted as soon as the current piece
-produced, a paragraph held two slots most of its life, and past half the slots responses
-queued behind other responses' next pieces). The gap costs the listener nothing: a piece is
-generated faster than it plays, so its audio is ahead when the next one starts. A piece the
-engine cannot queue yet (QueueFull) is retried: the request was already admitted, so its
-later pieces wait rather than fail.
+The next piece is submitted as soon as the current one produces while the engine has room
+(``Engine.has_room``: nobody waiting, a slot free), so it is generated beside the current one;
+otherwise when the current one ends. A full engine thus gives each response one slot, and
+``max_num_seqs`` streams fit ``max_num_seqs`` slots: submitted early regardless, a paragraph
+held two slots most of its life, and past half the slots responses queued behind other
+responses' next pieces (bench/results/runtime-h200-2026-12-01-v3-summary.md). A late start
+costs the listener nothing: a piece is generated faster than it plays, so its audio is ahead
+when the next one starts. A piece the engine cannot queue yet (QueueFull) is retried: the
+request was already admitted, so its later pieces wait rather than fail.
 """
 from __future__ import annotations
 
@@ -48,13 +50,14 @@ async def chain_pieces(engine: Engine, first: AsyncIterator[FrameChunk],
         for index in range(len(rest) + 1):
             last = index == len(rest)
             async for chunk in current:
-                if chunk.finished and not last and chunk.finish_reason in OK_REASONS:
-                    # A joint between pieces: the response goes on with the next piece.
+                joint = chunk.finished and not last and chunk.finish_reason in OK_REASONS
+                if upcoming is None and not last and (joint or engine.has_room()):
                     try:
                         upcoming = await submit_admitted(engine, rest[index])
                     except EngineStopped:
                         yield _error_chunk("server is shutting down")
                         return
+                if joint:  # the response goes on with the next piece
                     yield FrameChunk(chunk.codes, chunk.hidden, audio=chunk.audio, piece_end=True)
                     continue
                 yield chunk

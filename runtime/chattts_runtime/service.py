@@ -406,6 +406,12 @@ class SpeechService:
             want_hidden=self.config.audio_decoder == "decoder")
         synthesis = Synthesis(request, "wav", False, False)
         await self.synthesize(synthesis, self.engine.submit(request), record=False)  # not a user request
+        if self.config.refine_text and self.engine.refines_text:  # the engine's refine path (prefill, rows) too
+            from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling  # noqa: PLC0415
+
+            prompt_ids = self._text_refiner().prompt_ids("warm up", RefineParams())
+            await self.engine.refine_text("warmup-refine", prompt_ids,
+                                          upstream_refine_sampling(temperature=0, max_new_frames=4))
 
     async def close(self) -> None:
         await self.engine.stop()

@@ -189,5 +189,15 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def num_running(self) -> int: ...
 
+    #: Sequences the engine runs at once (its slots); None where it has no fixed number.
+    max_num_seqs: int | None = None
+
+    def has_room(self) -> bool:
+        """Whether a request submitted now would start at once: nobody waiting and a slot free (for an
+        engine of no fixed size: nobody waiting). A hint read on the event loop, not a promise."""
+        if self.num_waiting:
+            return False
+        return self.max_num_seqs is None or self.num_running < self.max_num_seqs
+
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name}

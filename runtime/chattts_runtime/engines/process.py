@@ -203,6 +203,7 @@ class ProcessEngine(Engine):
         self.name = spec.kind
         self.max_waiting = max_waiting
         self.max_model_len = max_model_len
+        self.max_num_seqs = spec.kwargs.get("max_num_seqs")
         self.observer = observer or NullObserver()
         self.on_failure = on_failure
         self.start_timeout = start_timeout

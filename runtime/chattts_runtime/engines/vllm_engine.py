@@ -228,6 +228,7 @@ class VLLMEngine(Engine):
         self.config = config
         self.observer = observer or NullObserver()
         self.max_waiting = max_waiting if max_waiting is not None else config.server.max_queue
+        self.max_num_seqs = config.engine.max_num_seqs
         self.layout = TokenLayout.from_sizes(model.sizes.gpt)
         self.hidden_size = model.sizes.gpt.hidden_size
         self.cli_args = engine_cli_args(config, self.layout, model_root=model_root, hidden_size=self.hidden_size)
