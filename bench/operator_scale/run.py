@@ -193,7 +193,8 @@ class Bench:
         sample = op.proc_sample()
         result = {
             "n": n, "module": op.module, "loadavg_1m": loadavg(),
-            "operator_temporary_failures": op.log_text().count("failed temporarily"),
+            # kopf's retries (before #19b's level-based handling) and the controller's own.
+            "operator_temporary_failures": sum(op.log_text().count(s) for s in ("failed temporarily", "(retrying in")),
             "seconds_creates_returned": round(t_created, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_status_written": round(t_status, 2) if t_status else None,

@@ -170,8 +170,10 @@ class DeploymentController:
             log.warning("reconcile of %s/%s after a %s event failed: %s %s (retrying in %.0fs)",
                         *key, trigger, err.status, err.reason, RETRY_SECONDS)
             self._recheck_later(key, RETRY_SECONDS, "retry")
-        except Exception:  # noqa: BLE001 - never lose the watch over one object
-            log.exception("reconcile of %s/%s after a %s event failed", *key, trigger)
+        except Exception:  # noqa: BLE001 - never lose the watch over one object (a timeout, a reset)
+            log.exception("reconcile of %s/%s after a %s event failed (retrying in %.0fs)", *key, trigger,
+                          RETRY_SECONDS)
+            self._recheck_later(key, RETRY_SECONDS, "retry")
 
     # --- bookkeeping from the watch ---------------------------------------------------------
 
