@@ -364,7 +364,9 @@ class Kube:
 @dataclass
 class NodeGpuCache:
     """The largest GPU (MiB, from the GFD label) among schedulable nodes, listed at most every
-    ``ttl`` seconds: one cheap request instead of a cluster-wide node watch."""
+    ``ttl`` seconds: one cheap request instead of a cluster-wide node watch. Once the value
+    is only older than ``ttl``, readers get it at once while one task lists again (a reconcile
+    must not wait for a node list); after ``invalidate`` they wait for the new list."""
 
     kube: Kube
     label: str
@@ -372,11 +374,22 @@ class NodeGpuCache:
     _value: int | None = None
     _fetched_at: float = float("-inf")
     _lock: asyncio.Lock | None = None
+    _refresh: asyncio.Task | None = None
 
     async def largest_gpu_mib(self) -> int | None:
         """None when no node carries the label (or it cannot be read): then nothing is blocked on it."""
         if not self.label:
             return None
+        age = time.monotonic() - self._fetched_at
+        if age < self.ttl:
+            return self._value
+        if age != float("inf"):  # listed before and not invalidated: serve it, list in the background
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.create_task(self._list(), name="chattts-node-gpu-list")
+            return self._value
+        return await self._list()
+
+    async def _list(self) -> int | None:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:

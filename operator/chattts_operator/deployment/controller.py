@@ -93,6 +93,7 @@ class _Slot:
     triggered_by: tuple[Any, ...] | None = None  # the object's inputs its last event reconciled
     status_queued: dict[str, Any] | None = None  # the newest status not written yet
     status_writer: asyncio.Task | None = None
+    change_seen_at: float | None = None  # when the watch brought a change not applied yet
 
 
 class DeploymentController:
@@ -207,6 +208,8 @@ class DeploymentController:
             return
         trigger = "resume" if event_type is None else "create" if slot.triggered_by is None else "update"
         slot.triggered_by = inputs
+        if trigger != "resume":
+            slot.change_seen_at = slot.change_seen_at or time.monotonic()
         self._reconcile_soon(key, trigger)
 
     # --- entry points -----------------------------------------------------------------------
@@ -299,6 +302,10 @@ class DeploymentController:
             if kind == "Deployment":
                 observed.live_deployment = live
                 observed.deployment_applied = True
+                slot = self._slots.get(key)
+                if slot is not None and slot.change_seen_at is not None:
+                    metrics.SPEC_CHANGE_SECONDS.observe(time.monotonic() - slot.change_seen_at)
+                    slot.change_seen_at = None
         if desired.network_policy is None and await self._prune_network_policy(desired.owner):
             applied_any = True
         if await self._reconcile_claims(desired, previous_status, observed):
