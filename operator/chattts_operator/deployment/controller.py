@@ -78,6 +78,10 @@ Key = tuple[str, str]  # (namespace, name)
 DRA_PENDING_RECHECK_SECONDS = 10.0
 # A reconcile that failed on a transient API error (a 504 in a burst, a 409) runs again this soon.
 RETRY_SECONDS = 5.0
+# Child and pod events of one object within this window make one reconcile: a rollout is a
+# dozen events in a second or two, and reconciling each one kept the operator's only core busy
+# while spec changes of other objects waited for it. Spec changes themselves do not wait.
+CHILD_EVENT_COALESCE_SECONDS = 0.25
 # What the operator owns (all labelled MANAGED_SELECTOR), and the serving pods, cached by watches.
 CACHED_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Pod")
 
@@ -109,6 +113,7 @@ class DeploymentController:
         self.started_at = time.time()
         self._tasks: list[asyncio.Task] = []
         self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
+        self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
         self._pending: set[asyncio.Task] = set()  # reconciles started by child and pod events
         self.cache = ChildCache(kube, CACHED_KINDS, tuple(settings.watch_namespaces), MANAGED_SELECTOR,
                                 on_change=self._child_changed)
@@ -127,7 +132,7 @@ class DeploymentController:
         self._tasks += self.cache.start()
 
     async def stop(self) -> None:
-        for task in list(self._rechecks.values()):
+        for task in [*self._rechecks.values(), *self._child_events.values()]:
             task.cancel()
         for slot in self._slots.values():
             if slot.status_writer is not None:
@@ -156,7 +161,8 @@ class DeploymentController:
         key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
-        self._reconcile_soon(key, kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted")
+        self._later(self._child_events, key, CHILD_EVENT_COALESCE_SECONDS,
+                    kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted")
 
     def _reconcile_soon(self, key: Key, trigger: str) -> None:
         """Reconcile in a task of its own (the watch that noticed keeps reading)."""
@@ -461,15 +467,19 @@ class DeploymentController:
 
     def _recheck_later(self, key: Key, delay: float = DRA_PENDING_RECHECK_SECONDS, trigger: str = "dra-pending") -> None:
         """One follow-up reconcile of ``key`` after ``delay`` (at most one waits per object)."""
-        if key in self._rechecks:
+        self._later(self._rechecks, key, delay, trigger)
+
+    def _later(self, waiting: dict[Key, asyncio.Task], key: Key, delay: float, trigger: str) -> None:
+        """A reconcile of ``key`` after ``delay``, unless one is already waiting in ``waiting``."""
+        if key in waiting:
             return
 
-        async def recheck() -> None:
+        async def later() -> None:
             await asyncio.sleep(delay)
-            self._rechecks.pop(key, None)
+            waiting.pop(key, None)
             await self._reconcile_owner(key, trigger)
 
-        self._rechecks[key] = asyncio.create_task(recheck(), name=f"chattts-{trigger} {key[0]}/{key[1]}")
+        waiting[key] = asyncio.create_task(later(), name=f"chattts-{trigger} {key[0]}/{key[1]}")
 
     async def _prune_network_policy(self, owner: Owner) -> bool:
         """Delete the NetworkPolicy this object made before, now that none is wanted (a read
