@@ -114,7 +114,7 @@ class DeploymentController:
         self._tasks: list[asyncio.Task] = []
         self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
         self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
-        self._pending: set[asyncio.Task] = set()  # reconciles started by child and pod events
+        self._pending: set[asyncio.Task] = set()  # reconciles started by ChatTTSDeployment events
         self.cache = ChildCache(kube, CACHED_KINDS, tuple(settings.watch_namespaces), MANAGED_SELECTOR,
                                 on_change=self._child_changed)
 
@@ -156,8 +156,9 @@ class DeploymentController:
 
     def _child_changed(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         """A child or pod changed (someone else's write, a pod's progress, the echo of our own
-        apply): reconcile its owner in its own task (the watch keeps reading); reconcile_key
-        collapses bursts for one object into one run, and a run reads only the cache."""
+        apply): reconcile its owner CHILD_EVENT_COALESCE_SECONDS later in a task of its own (the
+        watch keeps reading); the events of one object meanwhile make that one run, which reads
+        only the cache."""
         key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
@@ -559,9 +560,12 @@ class DeploymentController:
         invalid = condition("Degraded", True, "InvalidSpec", message, generation=gen)
         status = {"observedGeneration": gen, "phase": "Invalid",
                   "conditions": replace_condition(previous.get("conditions"), invalid, rfc3339())}
+        meta = body["metadata"]
+        slot = self._slots.get((meta["namespace"], meta["name"]))
+        if slot is not None:
+            slot.status_queued = None  # a status of the valid spec before must not follow this one
         if not status_changed(status, previous):
             return
-        meta = body["metadata"]
         try:
             updated = await self.kube.patch_status(KIND, meta["namespace"], meta["name"], status)
         except ApiException as err:
