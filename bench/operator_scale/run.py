@@ -329,6 +329,7 @@ class Bench:
         missed = 0
         before = await self.api_counts()
         inside_before = self._spec_change_histogram()
+        seconds_before = apimetrics.parse_request_seconds(await self.api.text("/metrics"))
 
         async def change(i: int, name: str) -> None:
             nonlocal missed
@@ -353,6 +354,9 @@ class Bench:
         window = apimetrics.delta(await self.api_counts(), before)
         attribution = apimetrics.attribute(window, bench_patches=len(tasks))
         inside = {k: v - inside_before.get(k, 0) for k, v in self._spec_change_histogram().items()}
+        api_ms = apimetrics.mean_ms_between(
+            apimetrics.parse_request_seconds(await self.api.text("/metrics")), seconds_before,
+            ("APPLY configmaps", "APPLY deployments", "PATCH chattsdeployments", "PATCH chattsdeployments/status"))
         await tracker.stop()
         result = {
             "managed": managed, "changes": len(tasks), "rate_per_second": rate, "missed": missed,
@@ -366,7 +370,10 @@ class Bench:
             "operator_event_to_apply_mean_ms": round(1000 * inside["sum"] / inside["count"], 1)
             if inside.get("count") else None,
             "operator_event_to_apply_within": {le: round(n / inside["count"], 3) for le, n in inside.items()
-                                               if le not in ("sum", "count") and inside.get("count")},
+                                               if le.startswith("<=") and inside.get("count")},
+            "operator_update_reconcile_mean_ms": round(1000 * inside["reconcile_sum"] / inside["reconcile_count"], 1)
+            if inside.get("reconcile_count") else None,
+            "apiserver_mean_ms": api_ms,  # the API server's own time per request, by kind
             "operator_requests_per_change": round(attribution.total / max(1, len(tasks)), 2),
             "operator_writes_per_change": round(attribution.writes / max(1, len(tasks)), 2),
             "by_request": attribution.by_key,
@@ -384,6 +391,9 @@ class Bench:
                 out[f"<= {dict(labels)['le']} s"] = value
             elif name in ("chattts_operator_spec_change_seconds_sum", "chattts_operator_spec_change_seconds_count"):
                 out[name.rsplit("_", 1)[1]] = value
+            elif name.startswith("chattts_operator_reconcile_duration_seconds_") and dict(labels).get("trigger") == "update" \
+                    and name.rsplit("_", 1)[1] in ("sum", "count"):
+                out["reconcile_" + name.rsplit("_", 1)[1]] = value
         return out
 
     # --- phase: unrelated objects ---------------------------------------------------------------------
