@@ -539,8 +539,9 @@ class DeploymentController:
                                 RETRY_SECONDS)
                     self._recheck_later(key, RETRY_SECONDS, "retry")
                 return
-            except Exception:  # noqa: BLE001 - the next reconcile queues it again
-                log.exception("status of %s/%s could not be written", *key)
+            except Exception:  # noqa: BLE001 - a timeout, a refused connection: reconcile and queue it again
+                log.exception("status of %s/%s could not be written (retrying in %.0fs)", *key, RETRY_SECONDS)
+                self._recheck_later(key, RETRY_SECONDS, "retry")
                 return
             if written is None:
                 continue
