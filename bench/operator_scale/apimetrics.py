@@ -41,6 +41,35 @@ def parse_request_totals(text: str) -> Counter[RequestKey]:
     return totals
 
 
+def parse_request_seconds(text: str) -> dict[str, list[float]]:
+    """apiserver_request_duration_seconds by "VERB resource[/subresource]": [sum, count]
+    (summed over scope/component/version; what the API server itself spent on them)."""
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            field = {"apiserver_request_duration_seconds_sum": 0, "apiserver_request_duration_seconds_count": 1}.get(
+                sample.name)
+            if field is None or sample.labels.get("dry_run"):
+                continue
+            labels = sample.labels
+            key = f"{labels.get('verb', '')} {labels.get('resource', '')}" + (
+                f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out.setdefault(key, [0.0, 0.0])[field] += sample.value
+    return out
+
+
+def mean_ms_between(after: dict[str, list[float]], before: dict[str, list[float]], keys: tuple[str, ...]) -> dict:
+    """The mean API server time (ms) of each of ``keys`` between two ``parse_request_seconds``."""
+    out = {}
+    for key in keys:
+        total = after.get(key, [0.0, 0.0])[0] - before.get(key, [0.0, 0.0])[0]
+        count = after.get(key, [0.0, 0.0])[1] - before.get(key, [0.0, 0.0])[1]
+        out[key] = round(1000 * total / count, 1) if count else None
+    return out
+
+
 def delta(after: Counter[RequestKey], before: Counter[RequestKey]) -> Counter[RequestKey]:
     out: Counter[RequestKey] = Counter()
     for key, value in after.items():

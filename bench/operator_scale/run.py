@@ -193,7 +193,8 @@ class Bench:
         sample = op.proc_sample()
         result = {
             "n": n, "module": op.module, "loadavg_1m": loadavg(),
-            "operator_temporary_failures": op.log_text().count("failed temporarily"),
+            # kopf's retries (before #19b's level-based handling) and the controller's own.
+            "operator_temporary_failures": sum(op.log_text().count(s) for s in ("failed temporarily", "(retrying in")),
             "seconds_creates_returned": round(t_created, 2),
             "seconds_children_exist": round(t_children, 2) if t_children else None,
             "seconds_status_written": round(t_status, 2) if t_status else None,
@@ -327,6 +328,8 @@ class Bench:
         latencies: list[float] = []
         missed = 0
         before = await self.api_counts()
+        inside_before = self._spec_change_histogram()
+        seconds_before = apimetrics.parse_request_seconds(await self.api.text("/metrics"))
 
         async def change(i: int, name: str) -> None:
             nonlocal missed
@@ -350,6 +353,10 @@ class Bench:
         await asyncio.gather(*tasks)
         window = apimetrics.delta(await self.api_counts(), before)
         attribution = apimetrics.attribute(window, bench_patches=len(tasks))
+        inside = {k: v - inside_before.get(k, 0) for k, v in self._spec_change_histogram().items()}
+        api_ms = apimetrics.mean_ms_between(
+            apimetrics.parse_request_seconds(await self.api.text("/metrics")), seconds_before,
+            ("APPLY configmaps", "APPLY deployments", "PATCH chattsdeployments", "PATCH chattsdeployments/status"))
         await tracker.stop()
         result = {
             "managed": managed, "changes": len(tasks), "rate_per_second": rate, "missed": missed,
@@ -359,12 +366,35 @@ class Bench:
             "p99_ms": round(1000 * percentile(latencies, 99), 1) if latencies else None,
             "max_ms": round(1000 * max(latencies), 1) if latencies else None,
             "mean_ms": round(1000 * statistics.fmean(latencies), 1) if latencies else None,
+            # Inside the operator: its watch event of the change to its Deployment applied.
+            "operator_event_to_apply_mean_ms": round(1000 * inside["sum"] / inside["count"], 1)
+            if inside.get("count") else None,
+            "operator_event_to_apply_within": {le: round(n / inside["count"], 3) for le, n in inside.items()
+                                               if le.startswith("<=") and inside.get("count")},
+            "operator_update_reconcile_mean_ms": round(1000 * inside["reconcile_sum"] / inside["reconcile_count"], 1)
+            if inside.get("reconcile_count") else None,
+            "apiserver_mean_ms": api_ms,  # the API server's own time per request, by kind
             "operator_requests_per_change": round(attribution.total / max(1, len(tasks)), 2),
             "operator_writes_per_change": round(attribution.writes / max(1, len(tasks)), 2),
             "by_request": attribution.by_key,
         }
         log(f"reaction: {result}")
         return result
+
+    def _spec_change_histogram(self) -> dict[str, float]:
+        """The operator's chattts_operator_spec_change_seconds: buckets by upper bound, sum, count."""
+        out: dict[str, float] = {}
+        if self.operator is None:
+            return out
+        for (name, labels), value in self.operator.metrics().items():
+            if name == "chattts_operator_spec_change_seconds_bucket" and dict(labels)["le"] in ("0.25", "0.5", "1.0"):
+                out[f"<= {dict(labels)['le']} s"] = value
+            elif name in ("chattts_operator_spec_change_seconds_sum", "chattts_operator_spec_change_seconds_count"):
+                out[name.rsplit("_", 1)[1]] = value
+            elif name.startswith("chattts_operator_reconcile_duration_seconds_") and dict(labels).get("trigger") == "update" \
+                    and name.rsplit("_", 1)[1] in ("sum", "count"):
+                out["reconcile_" + name.rsplit("_", 1)[1]] = value
+        return out
 
     # --- phase: unrelated objects ---------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api import chattts, sharepolicy
 from chattts_operator.autoscaling.controller import Autoscaler
@@ -52,20 +51,14 @@ class App:
     autoscaler: Autoscaler
     metrics_server: Any = None
 
-    async def reconcile(self, body: Mapping[str, Any], trigger: str) -> None:
-        """A ChatTTSDeployment created, updated or resumed: reconcile it now."""
-        try:
-            await self.deployments.reconcile_body(copy.deepcopy(dict(body)), trigger)
-        except ApiException as err:
-            raise kopf.TemporaryError(f"Kubernetes API error {err.status} {err.reason}", delay=5) from err
-
     def observe(self, event: Mapping[str, Any]) -> None:
         """Every watch event of a ChatTTSDeployment: the latest object, for the resync loop,
-        Deployment events and the autoscaler (none of them reads it again)."""
+        child events and the autoscaler (none of them reads it again); the deployment
+        controller reconciles it when it is new or asks for something new."""
         obj = event.get("object")
         if isinstance(obj, dict) and obj.get("metadata"):
             deleted = event.get("type") == "DELETED"
-            self.deployments.observe(copy.deepcopy(obj), deleted=deleted)
+            self.deployments.observe_event(event.get("type"), copy.deepcopy(obj))
             self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
 
     async def stop(self) -> None:

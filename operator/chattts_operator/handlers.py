@@ -1,8 +1,11 @@
 """kopf's entry points, one line each: every decision and every request is in a controller,
 wired by ``app.py``. ``kopf run -m chattts_operator.handlers`` runs the operator too.
 
-kopf's own state lives in annotations under ``chattts.io/`` (progress and the diff base of
-the last handled spec). Handler names are persisted in those annotations: keep them.
+ChatTTSDeployments are handled level-based from the stateless ``track_object`` event handler
+(no create/update/resume handlers: those are diff-based and patch kopf's diff-base
+annotation onto every object at every change). kopf's own state (the GPUSharePolicy
+daemon's and delete handler's progress, their finalizer) lives under ``chattts.io/``;
+handler names are persisted there: keep them.
 """
 from __future__ import annotations
 
@@ -22,21 +25,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if getattr(memo, "app", None) is not None:
         await memo.app.stop()
-
-
-@kopf.on.create(*app.CHATTTS_DEPLOYMENTS)
-async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.app.reconcile(body, "create")
-
-
-@kopf.on.update(*app.CHATTTS_DEPLOYMENTS)
-async def on_update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.app.reconcile(body, "update")
-
-
-@kopf.on.resume(*app.CHATTTS_DEPLOYMENTS)
-async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.app.reconcile(body, "resume")
 
 
 @kopf.on.event(*app.CHATTTS_DEPLOYMENTS)

@@ -129,7 +129,14 @@ def test_spec_edits_during_a_rollout_end_in_the_newest_spec(crds, namespace, ope
                 if p["status"].get("phase") == "Pending" and not p["metadata"].get("deletionTimestamp")]
 
     wait_until(pending_pods, "the second rollout to be under way (Pending new pods)", timeout=60)
-    obj = json.loads(kubectl("get", "ctd", "tts", "-n", namespace, "-o", "json").stdout)
+
+    def observed() -> dict[str, Any] | None:
+        o = json.loads(kubectl("get", "ctd", "tts", "-n", namespace, "-o", "json").stdout)
+        return o if o["status"].get("observedGeneration") == o["metadata"]["generation"] else None
+
+    # Status is written coalesced (status_coalesce_seconds), so it follows the new generation a
+    # moment later; until then its observedGeneration says it describes the one before.
+    obj = wait_until(observed, "status of the new generation", timeout=15)
     assert not converged(obj) and obj["status"]["phase"] != "Ready", obj["status"]
     edited = time.monotonic()
     for value in (32, 48, 80):  # three edits in quick succession; each makes a new generation

@@ -86,3 +86,30 @@ def test_a_restarted_operator_fills_its_cache_by_lists_and_writes_nothing(crds, 
     assert {resource for (method, resource) in made if method != "GET"} <= {"priorityclasses"}, made
     for resource in ("configmaps", "services", "deployments", "poddisruptionbudgets", "pods"):
         assert made.get(("GET", resource), 0) <= 1, made  # the cache's list, no read per object
+
+
+def test_a_new_object_costs_its_child_applies_and_status_and_no_kopf_annotation(crds, namespace, operators):
+    """Level-based handling (kopf's stateless event handler, no create/update handlers): kopf
+    never patches its diff-base annotation onto the object, so a new object costs its four
+    child applies and its status, and a spec change its ConfigMap, its Deployment and status."""
+    kubectl = crds.kubectl
+    op = operators().start()
+    apply(kubectl, namespace, ctd("tts"))
+    wait_until(lambda: settled(kubectl, namespace, "tts"), "tts settled", timeout=120)
+    time.sleep(2)  # the last pod events and their reconciles
+    obj = get(kubectl, namespace, "ctd", "tts")
+    assert not [k for k in obj["metadata"].get("annotations") or {} if k.startswith("chattts.io/")], obj["metadata"]
+    assert op.metric_sum("chattts_operator_child_writes_total") == 4
+    status_writes = op.metric_sum("chattts_operator_status_writes_total")
+    assert 1 <= status_writes <= 2, status_writes  # Progressing, then Ready (one when Ready came first)
+    made = requests_by_kind(op)
+    assert not [key for key in made if key[1] == "chattsdeployments"], made  # only the status subresource
+
+    kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":7}}}')
+    wait_until(lambda: "max_num_seqs: 7" in get(kubectl, namespace, "configmap", "tts-runtime")["data"]["runtime.yaml"],
+               "the change applied", timeout=30)
+    wait_until(lambda: settled(kubectl, namespace, "tts"), "tts settled again", timeout=120)
+    obj = get(kubectl, namespace, "ctd", "tts")
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2
+    assert not [k for k in obj["metadata"].get("annotations") or {} if k.startswith("chattts.io/")]
+    assert op.metric_sum("chattts_operator_child_writes_total") == 4 + 2  # the ConfigMap and the Deployment

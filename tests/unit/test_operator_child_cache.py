@@ -65,3 +65,18 @@ def test_deletes_and_label_queries():
     cache.forget("Pod", "ns", "p1")
     assert cache.items("Pod", "ns", {"app.kubernetes.io/instance": "tts"}) == []
     assert cache.size() == 2
+
+
+def test_the_instance_index_follows_relabels_relists_and_other_label_queries():
+    cache, _changes = cache_with_changes()
+    handle = cache._event_handler("Pod")
+    instance = "app.kubernetes.io/instance"
+    asyncio.run(handle("ADDED", obj("p", 1, kind="Pod", labels={instance: "a", "role": "x"})))
+    asyncio.run(handle("MODIFIED", obj("p", 2, kind="Pod", labels={instance: "b", "role": "x"})))
+    assert cache.items("Pod", "ns", {instance: "a"}) == []
+    assert [p["metadata"]["name"] for p in cache.items("Pod", "ns", {instance: "b"})] == ["p"]
+    assert cache.items("Pod", "ns", {instance: "b", "role": "y"}) == []  # every label still has to match
+    assert [p["metadata"]["name"] for p in cache.items("Pod", "ns", {"role": "x"})] == ["p"]  # no instance: a scan
+    asyncio.run(cache._list_handler("Pod", None)([obj("q", 5, kind="Pod", labels={instance: "b"})]))
+    assert [p["metadata"]["name"] for p in cache.items("Pod", "ns", {instance: "b"})] == ["q"]
+    assert cache._index["Pod"] == {("ns", "b"): {("ns", "q")}}

@@ -19,6 +19,12 @@ RECONCILE_ERRORS = Counter(
     ["error"],
     registry=REGISTRY,
 )
+SPEC_CHANGE_SECONDS = Histogram(
+    "chattts_operator_spec_change_seconds",
+    "From the watch event of a new or changed ChatTTSDeployment to its Deployment applied (or found current).",
+    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10),
+    registry=REGISTRY,
+)
 RECONCILE_DURATION = Histogram(
     "chattts_operator_reconcile_duration_seconds",
     "Time one reconcile took, reads and writes included.",

@@ -106,6 +106,9 @@ class OperatorSettings(BaseModel):
     health_port: int = Field(8080, ge=0, le=65535, description="kopf liveness endpoint /healthz port (0: off).")
     resync_interval_seconds: float = Field(300.0, gt=0, description="Every object is reconciled at least this often.")
     resync_concurrency: int = Field(8, ge=1, le=256, description="Objects reconciled at once by the resync loop.")
+    status_coalesce_seconds: float = Field(
+        0.5, ge=0, le=10, description="A ChatTTSDeployment's changed status waits this long (then for a free "
+        "request slot) and the newest is written: the quick steps of a rollout become one write.")
     utilization_warning: float = Field(0.9, gt=0, le=1, description="Warn above this gpuMemoryUtilization.")
     api_key_secret_check: bool = Field(
         False, description="Get spec.auth's Secret (its metadata only) so status can say SecretNotFound; needs "

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.core import metrics
 from chattts_operator.core.kube import Kube, collection_path, is_newer
+from chattts_operator.core.labels import LABEL_INSTANCE
 
 log = logging.getLogger("chattts_operator.core.watch")
 
@@ -132,17 +133,23 @@ class ChildCache:
     sees our own write even before its watch event arrives. Objects older than what is
     stored never replace it (a watch event may trail our apply). Memory grows with what the
     operator manages, never with the cluster: the selector is applied by the API server,
-    and ``managedFields`` (often the largest part of an object) is dropped.
+    and ``managedFields`` (often the largest part of an object) is dropped. Objects are
+    indexed by namespace and ``index_label`` (the instance label: whose pods they are), so a
+    label query costs what it finds, not the whole cache (at 1,000 objects a scan of every
+    pod was a fifth of the operator's CPU while rollouts ran).
     """
 
     def __init__(self, kube: Kube, kinds: tuple[str, ...], namespaces: tuple[str, ...], label_selector: str,
-                 on_change: ChangeHandler | None = None) -> None:
+                 on_change: ChangeHandler | None = None, index_label: str = LABEL_INSTANCE) -> None:
         self.kube = kube
         self.kinds = kinds
         self.namespaces = namespaces
         self.selector = label_selector
         self.on_change = on_change
+        self.index_label = index_label
         self._objects: dict[str, dict[Key, dict[str, Any]]] = {kind: {} for kind in kinds}
+        # kind -> (namespace, index label's value) -> keys of the objects carrying it
+        self._index: dict[str, dict[tuple[str, str | None], set[Key]]] = {kind: {} for kind in kinds}
         self._synced: dict[tuple[str, str | None], asyncio.Event] = {
             (kind, ns): asyncio.Event() for kind in kinds for ns in (namespaces or (None,))}
         self.watches: list[ListWatch] = []
@@ -168,8 +175,13 @@ class ChildCache:
     def items(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Cached objects of ``kind`` in ``namespace`` carrying all of ``labels`` (e.g. a
         ChatTTSDeployment's pods), by name."""
-        found = [obj for (ns, _name), obj in self._objects[kind].items() if ns == namespace
-                 and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+        objects = self._objects[kind]
+        if self.index_label in labels:
+            candidates = [objects[key] for key in self._index[kind].get((namespace, labels[self.index_label]), ())]
+        else:
+            candidates = [obj for (ns, _name), obj in objects.items() if ns == namespace]
+        found = [obj for obj in candidates
+                 if all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
         return sorted(found, key=lambda obj: obj["metadata"]["name"])
 
     def size(self) -> int:
@@ -185,21 +197,40 @@ class ChildCache:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         """We deleted it: no read may see it again (its DELETED event may come later)."""
         if kind in self._objects:
-            self._objects[kind].pop((namespace, name), None)
+            self._drop(kind, (namespace, name))
 
     def _store(self, kind: str, obj: dict[str, Any]) -> bool:
         key = (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])
         if not is_newer(obj, self._objects[kind].get(key)):
             return False
-        self._objects[kind][key] = obj
+        self._put(kind, key, obj)
         return True
+
+    def _index_key(self, key: Key, obj: dict[str, Any]) -> tuple[str, str | None]:
+        return key[0], (obj["metadata"].get("labels") or {}).get(self.index_label)
+
+    def _put(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
+        self._drop(kind, key)
+        self._objects[kind][key] = obj
+        self._index[kind].setdefault(self._index_key(key, obj), set()).add(key)
+
+    def _drop(self, kind: str, key: Key) -> dict[str, Any] | None:
+        obj = self._objects[kind].pop(key, None)
+        if obj is not None:
+            index_key = self._index_key(key, obj)
+            keys = self._index[kind].get(index_key)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._index[kind][index_key]
+        return obj
 
     def _event_handler(self, kind: str) -> EventHandler:
         async def handle(event_type: str, obj: dict[str, Any]) -> None:
             obj = _trimmed({**obj, "kind": kind})
             if event_type == "DELETED":
                 meta = obj["metadata"]
-                changed = self._objects[kind].pop((meta.get("namespace") or "", meta["name"]), None) is not None
+                changed = self._drop(kind, (meta.get("namespace") or "", meta["name"])) is not None
             else:
                 changed = self._store(kind, obj)
             metrics.CACHED_OBJECTS.set(self.size())
@@ -216,12 +247,12 @@ class ChildCache:
             # own applies stored since (newer than the list) is kept.
             for key in [k for k in objects if namespace is None or k[0] == namespace]:
                 if key not in listed:
-                    gone = objects.pop(key)
+                    gone = self._drop(kind, key)
                     if self.on_change is not None:
                         self.on_change(kind, "DELETED", gone)
             for key, obj in listed.items():
                 if is_newer(obj, objects.get(key)):
-                    objects[key] = obj
+                    self._put(kind, key, obj)
             self._synced[(kind, namespace)].set()
             metrics.CACHED_OBJECTS.set(self.size())
         return handle

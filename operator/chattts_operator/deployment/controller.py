@@ -1,7 +1,11 @@
 """The ChatTTSDeployment controller: the I/O around the pure decision in ``spec.py`` and ``status.py``.
 
-One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (create,
-update, resume, a change of one of its children or pods, the periodic resync):
+One level-based, idempotent reconcile per ChatTTSDeployment, whatever triggered it (the
+object seen for the first time, a new generation or new labels/annotations, a change of one
+of its children or pods, the periodic resync). The triggers come from kopf's stateless event
+handler, not its create/update/resume handlers: those are diff-based and patch a diff-base
+annotation onto every object at every change (a write per object and change that told us
+nothing the generation does not):
 
 1. build the desired children and the GPU plan from the object (pure; kept per object and
    rebuilt only when one of its inputs changes: generation, labels, annotations, the tuned
@@ -10,8 +14,11 @@ update, resume, a change of one of its children or pods, the periodic resync):
    server-side apply only those that differ (missing, our intent hash changed, or a field we
    own was edited by hand); delete our NetworkPolicy once spec.networkPolicy is gone or
    disabled (nothing else collects it while the owner lives);
-3. compute status (with the pods' own reasons when replicas are not ready) and patch it
-   only when it differs.
+3. compute status (with the pods' own reasons when replicas are not ready) and, when it
+   differs, queue it: one writer per object patches the newest queued status, at most
+   ``status_coalesce_seconds`` later and once a low-priority request slot is free (core/kube.py
+   ``Priority``), so child applies go first and the quick steps of a rollout (created,
+   scheduled, Ready) are written once.
 
 So a resync of an unchanged object makes no request at all. Reconciles of one object never
 overlap (a lock per object) and pile-ups collapse: while one runs, any number of triggers
@@ -69,6 +76,12 @@ Key = tuple[str, str]  # (namespace, name)
 # A dra object whose claims wait for the scheduler is looked at again this soon: nothing we
 # watch changes when a pod stays Pending, and status should carry the scheduler's reason.
 DRA_PENDING_RECHECK_SECONDS = 10.0
+# A reconcile that failed on a transient API error (a 504 in a burst, a 409) runs again this soon.
+RETRY_SECONDS = 5.0
+# Child and pod events of one object within this window make one reconcile: a rollout is a
+# dozen events in a second or two, and reconciling each one kept the operator's only core busy
+# while spec changes of other objects waited for it. Spec changes themselves do not wait.
+CHILD_EVENT_COALESCE_SECONDS = 0.25
 # What the operator owns (all labelled MANAGED_SELECTOR), and the serving pods, cached by watches.
 CACHED_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Pod")
 
@@ -81,6 +94,10 @@ class _Slot:
     spec: ChatTTSDeploymentSpec | None = None
     desired_inputs: tuple[Any, ...] | None = None  # what ``desired`` was built from
     desired: Desired | None = None
+    triggered_by: tuple[Any, ...] | None = None  # the object's inputs its last event reconciled
+    status_queued: dict[str, Any] | None = None  # the newest status not written yet
+    status_writer: asyncio.Task | None = None
+    change_seen_at: float | None = None  # when the watch brought a change not applied yet
 
 
 class DeploymentController:
@@ -95,8 +112,9 @@ class DeploymentController:
         self.last_resync: float | None = None
         self.started_at = time.time()
         self._tasks: list[asyncio.Task] = []
-        self._rechecks: dict[Key, asyncio.Task] = {}  # dra objects waiting for an allocation
-        self._pending: set[asyncio.Task] = set()  # reconciles started by child and pod events
+        self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
+        self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
+        self._pending: set[asyncio.Task] = set()  # reconciles started by ChatTTSDeployment events
         self.cache = ChildCache(kube, CACHED_KINDS, tuple(settings.watch_namespaces), MANAGED_SELECTOR,
                                 on_change=self._child_changed)
 
@@ -114,8 +132,11 @@ class DeploymentController:
         self._tasks += self.cache.start()
 
     async def stop(self) -> None:
-        for task in list(self._rechecks.values()):
+        for task in [*self._rechecks.values(), *self._child_events.values()]:
             task.cancel()
+        for slot in self._slots.values():
+            if slot.status_writer is not None:
+                slot.status_writer.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -135,12 +156,17 @@ class DeploymentController:
 
     def _child_changed(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         """A child or pod changed (someone else's write, a pod's progress, the echo of our own
-        apply): reconcile its owner in its own task (the watch keeps reading); reconcile_key
-        collapses bursts for one object into one run, and a run reads only the cache."""
+        apply): reconcile its owner CHILD_EVENT_COALESCE_SECONDS later in a task of its own (the
+        watch keeps reading); the events of one object meanwhile make that one run, which reads
+        only the cache."""
         key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
-            return  # not ours, or its owner is not known yet (its create/resume reconciles it)
-        trigger = kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted"
+            return  # not ours, or its owner is not known yet (its first event reconciles it)
+        self._later(self._child_events, key, CHILD_EVENT_COALESCE_SECONDS,
+                    kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted")
+
+    def _reconcile_soon(self, key: Key, trigger: str) -> None:
+        """Reconcile in a task of its own (the watch that noticed keeps reading)."""
         task = asyncio.create_task(self._reconcile_owner(key, trigger))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -149,10 +175,13 @@ class DeploymentController:
         try:
             await self.reconcile_key(key, trigger)
         except ApiException as err:
-            log.warning("reconcile of %s/%s after a %s event failed: %s %s (the resync will retry)",
-                        *key, trigger, err.status, err.reason)
-        except Exception:  # noqa: BLE001 - never lose the watch over one object
-            log.exception("reconcile of %s/%s after a %s event failed", *key, trigger)
+            log.warning("reconcile of %s/%s after a %s event failed: %s %s (retrying in %.0fs)",
+                        *key, trigger, err.status, err.reason, RETRY_SECONDS)
+            self._recheck_later(key, RETRY_SECONDS, "retry")
+        except Exception:  # noqa: BLE001 - never lose the watch over one object (a timeout, a reset)
+            log.exception("reconcile of %s/%s after a %s event failed (retrying in %.0fs)", *key, trigger,
+                          RETRY_SECONDS)
+            self._recheck_later(key, RETRY_SECONDS, "retry")
 
     # --- bookkeeping from the watch ---------------------------------------------------------
 
@@ -168,15 +197,29 @@ class DeploymentController:
         metrics.MANAGED_OBJECTS.set(len(self.bodies))
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
 
-    # --- entry points -----------------------------------------------------------------------
-
-    async def reconcile_body(self, body: dict[str, Any], trigger: str) -> str:
-        """Reconcile now (used by kopf's create/update/resume handlers)."""
+    def observe_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A watch event of a ChatTTSDeployment (kopf's; type None: its initial list). The
+        object is reconciled when it is new to this process (created, or resumed after a
+        restart) or when what it asks for changed: its generation (the spec), labels or
+        annotations. Our own status writes change none of them and trigger nothing."""
+        if event_type == "DELETED":
+            self.observe(body, deleted=True)
+            return
         self.observe(body)
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        inputs = (meta.get("uid"), meta.get("generation"), meta.get("labels"), meta.get("annotations"),
+                  bool(meta.get("deletionTimestamp")))
         slot = self._slots.setdefault(key, _Slot())
-        async with slot.lock:
-            return await self._reconcile_timed(self.bodies.get(key, body), trigger)
+        if slot.triggered_by == inputs:
+            return
+        trigger = "resume" if event_type is None else "create" if slot.triggered_by is None else "update"
+        slot.triggered_by = inputs
+        if trigger != "resume":
+            slot.change_seen_at = slot.change_seen_at or time.monotonic()
+        self._reconcile_soon(key, trigger)
+
+    # --- entry points -----------------------------------------------------------------------
 
     async def reconcile_key(self, key: Key, trigger: str) -> str | None:
         """Reconcile the object last seen under ``key``. While a run is waiting for the lock,
@@ -266,6 +309,10 @@ class DeploymentController:
             if kind == "Deployment":
                 observed.live_deployment = live
                 observed.deployment_applied = True
+                slot = self._slots.get(key)
+                if slot is not None and slot.change_seen_at is not None:
+                    metrics.SPEC_CHANGE_SECONDS.observe(time.monotonic() - slot.change_seen_at)
+                    slot.change_seen_at = None
         if desired.network_policy is None and await self._prune_network_policy(desired.owner):
             applied_any = True
         if await self._reconcile_claims(desired, previous_status, observed):
@@ -292,10 +339,7 @@ class DeploymentController:
         elif previous_status.get("quantization") is not None:
             status["quantization"] = None
         if status_changed(status, previous_status):
-            await self._patch_status(body, status)
-            for event_type, reason, message in transitions(previous_status.get("conditions") or [],
-                                                             status["conditions"]):
-                await self._post_event(body, event_type, reason, message)
+            self._queue_status(key, status)
         if applied_any:
             return "applied"
         return "blocked" if not desired.rollout_allowed else "noop"
@@ -422,20 +466,21 @@ class DeploymentController:
                 self.cache.items("Pod", owner.namespace, selector_labels(owner.name)))
         return pruned
 
-    def _recheck_later(self, key: Key) -> None:
-        """One follow-up reconcile of ``key`` after DRA_PENDING_RECHECK_SECONDS (at most one waits)."""
-        if key in self._rechecks:
+    def _recheck_later(self, key: Key, delay: float = DRA_PENDING_RECHECK_SECONDS, trigger: str = "dra-pending") -> None:
+        """One follow-up reconcile of ``key`` after ``delay`` (at most one waits per object)."""
+        self._later(self._rechecks, key, delay, trigger)
+
+    def _later(self, waiting: dict[Key, asyncio.Task], key: Key, delay: float, trigger: str) -> None:
+        """A reconcile of ``key`` after ``delay``, unless one is already waiting in ``waiting``."""
+        if key in waiting:
             return
 
-        async def recheck() -> None:
-            await asyncio.sleep(DRA_PENDING_RECHECK_SECONDS)
-            self._rechecks.pop(key, None)
-            try:
-                await self.reconcile_key(key, "dra-pending")
-            except ApiException as err:
-                log.warning("dra re-check of %s/%s failed: %s %s (the resync will retry)", *key, err.status, err.reason)
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            waiting.pop(key, None)
+            await self._reconcile_owner(key, trigger)
 
-        self._rechecks[key] = asyncio.create_task(recheck(), name=f"chattts-dra-recheck {key[0]}/{key[1]}")
+        waiting[key] = asyncio.create_task(later(), name=f"chattts-{trigger} {key[0]}/{key[1]}")
 
     async def _prune_network_policy(self, owner: Owner) -> bool:
         """Delete the NetworkPolicy this object made before, now that none is wanted (a read
@@ -462,8 +507,66 @@ class DeploymentController:
             return SECRET_UNCHECKED
         return SECRET_FOUND if found is not None else SECRET_MISSING
 
-    async def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+    def _queue_status(self, key: Key, status: dict[str, Any]) -> None:
+        """Have ``status`` written (replacing any status of this object still waiting)."""
+        slot = self._slots.setdefault(key, _Slot())
+        slot.status_queued = status
+        if slot.status_writer is None or slot.status_writer.done():
+            slot.status_writer = asyncio.create_task(self._write_status(key, slot),
+                                                     name=f"chattts-status {key[0]}/{key[1]}")
+
+    async def _write_status(self, key: Key, slot: _Slot) -> None:
+        """Patch the newest queued status once a low-priority slot is free, until none is
+        queued; then post an Event for each condition that changed from what was there."""
+        while slot.status_queued is not None:
+            await asyncio.sleep(self.settings.status_coalesce_seconds)
+            before: dict[str, Any] = {}
+
+            def newest() -> dict[str, Any] | None:
+                nonlocal before
+                status, slot.status_queued = slot.status_queued, None
+                body = self.bodies.get(key)
+                if status is None or body is None:
+                    return None  # nothing left, or the object is gone
+                before = body.get("status") or {}
+                return status if status_changed(status, before) else None
+
+            try:
+                written = await self.kube.patch_status_latest(KIND, key[0], key[1], newest)
+            except ApiException as err:
+                if err.status != 404:  # 404: deleted meanwhile
+                    log.warning("status of %s/%s: %s %s (retrying in %.0fs)", *key, err.status, err.reason,
+                                RETRY_SECONDS)
+                    self._recheck_later(key, RETRY_SECONDS, "retry")
+                return
+            except Exception:  # noqa: BLE001 - a timeout, a refused connection: reconcile and queue it again
+                log.exception("status of %s/%s could not be written (retrying in %.0fs)", *key, RETRY_SECONDS)
+                self._recheck_later(key, RETRY_SECONDS, "retry")
+                return
+            if written is None:
+                continue
+            status, updated = written
+            metrics.STATUS_WRITES.inc()
+            body = self.bodies.get(key)
+            if body is None:
+                return
+            if isinstance(updated, dict) and updated.get("metadata"):
+                # Our own write is the freshest view until the watch catches up.
+                self.observe(updated)
+            for event_type, reason, message in transitions(before.get("conditions") or [], status["conditions"]):
+                await self._post_event(body, event_type, reason, message)
+
+    async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
+        gen = int(body["metadata"].get("generation") or 1)
+        invalid = condition("Degraded", True, "InvalidSpec", message, generation=gen)
+        status = {"observedGeneration": gen, "phase": "Invalid",
+                  "conditions": replace_condition(previous.get("conditions"), invalid, rfc3339())}
         meta = body["metadata"]
+        slot = self._slots.get((meta["namespace"], meta["name"]))
+        if slot is not None:
+            slot.status_queued = None  # a status of the valid spec before must not follow this one
+        if not status_changed(status, previous):
+            return
         try:
             updated = await self.kube.patch_status(KIND, meta["namespace"], meta["name"], status)
         except ApiException as err:
@@ -471,19 +574,9 @@ class DeploymentController:
                 return  # deleted meanwhile
             raise
         metrics.STATUS_WRITES.inc()
-        key = (meta["namespace"], meta["name"])
-        if key in self.bodies and isinstance(updated, dict) and updated.get("metadata"):
-            # Our own write is the freshest view until the watch catches up.
+        if (meta["namespace"], meta["name"]) in self.bodies and isinstance(updated, dict) and updated.get("metadata"):
             self.observe(updated)
-
-    async def _write_invalid_status(self, body: dict[str, Any], previous: dict[str, Any], message: str) -> None:
-        gen = int(body["metadata"].get("generation") or 1)
-        invalid = condition("Degraded", True, "InvalidSpec", message, generation=gen)
-        status = {"observedGeneration": gen, "phase": "Invalid",
-                  "conditions": replace_condition(previous.get("conditions"), invalid, rfc3339())}
-        if status_changed(status, previous):
-            await self._patch_status(body, status)
-            await self._post_event(body, "Warning", "InvalidSpec", message)
+        await self._post_event(body, "Warning", "InvalidSpec", message)
 
     async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
