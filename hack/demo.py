@@ -424,7 +424,8 @@ def wait_for_serving(cluster) -> None:
 
 
 def check_pods(cluster) -> list[str]:
-    """Every serving pod Running, with GPU limits and the weights (and root fs) read-only."""
+    """Every serving pod Running, with its GPU (a device-plugin limit, or a DRA claim) and the weights
+    (and root fs) read-only."""
     pods = cluster.kubectl_json("get", "pods", "-n", DEMO_NAMESPACE, "-l", MANAGED_SELECTOR)["items"]
     if not pods:
         raise DemoError("no serving pods found")
@@ -436,13 +437,15 @@ def check_pods(cluster) -> list[str]:
         container = pod["spec"]["containers"][0]
         limits = container.get("resources", {}).get("limits", {})
         gpu = {k: v for k, v in limits.items() if k.startswith(GPU_RESOURCE_PREFIXES)}
+        # gpu.profile dra: the GPU comes from a ResourceClaim (the pod's template), no limit at all.
+        gpu.update({f"dra/{c['name']}": "claim" for c in container.get("resources", {}).get("claims", [])})
         mount = next((m for m in container.get("volumeMounts", []) if m["mountPath"] == MODEL_MOUNT), None)
         root_ro = (container.get("securityContext") or {}).get("readOnlyRootFilesystem") is True
         phase = pod["status"].get("phase")
         if phase != "Running":
             problems.append(f"{name} is {phase}")
         if not gpu:
-            problems.append(f"{name} has no GPU limit")
+            problems.append(f"{name} has no GPU limit or claim")
         if not mount or not mount.get("readOnly"):
             problems.append(f"{name} does not mount {MODEL_MOUNT} read-only")
         if not root_ro:
@@ -452,7 +455,20 @@ def check_pods(cluster) -> list[str]:
                     f"{MODEL_MOUNT} {'ro' if mount and mount.get('readOnly') else 'RW'}, rootfs {'ro' if root_ro else 'RW'}")
     if problems:
         raise DemoError("serving pods are not as expected:\n    " + "\n    ".join(problems))
-    return [f"{'POD':<40} {'PHASE':<8} {'NODE':<16} {'GPU LIMITS':<34} MOUNTS", *rows]
+    return [f"{'POD':<40} {'PHASE':<8} {'NODE':<16} {'GPU':<34} MOUNTS", *rows]
+
+
+def wait_for_pods(cluster, seconds: float = 120.0) -> list[str]:
+    """``check_pods`` until it passes: a GPUSharePolicy window or a rollout may still be adding pods
+    (Pending for a moment) when every ChatTTSDeployment already reports Ready."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return check_pods(cluster)
+        except DemoError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -487,7 +503,7 @@ def up() -> None:
 
     step("Waiting until every ChatTTSDeployment serves (pods scheduled on GPU nodes, marked Running by kwok)")
     wait_for_serving(cluster)
-    for row in check_pods(cluster):
+    for row in wait_for_pods(cluster):
         say(row)
 
     step("kubectl get ctd -n " + DEMO_NAMESPACE)
