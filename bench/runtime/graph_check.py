@@ -134,7 +134,7 @@ def main() -> int:
     report["step_ms"] = steps
 
     # The ragged kernel against masked SDPA on the same inputs: one eager step each from the same state.
-    if engine.ragged_attention is not None:
+    if engine.ragged_from is not None:
         with torch.inference_mode():
             batch, length = 256, 1024
             start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)

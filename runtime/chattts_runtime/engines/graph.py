@@ -408,7 +408,6 @@ class _RefineHost:
         self.waiting: collections.deque[_TextJob] = collections.deque()
         self.running: dict[int, _TextJob] = {}
         self.active = np.zeros(total, bool)
-        self.epoch = np.zeros(total, np.int64)
         self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
 
     def admit(self, free: int) -> list[_TextJob]:
@@ -546,7 +545,7 @@ class GraphEngine(ReferenceEngine):
         self._text_index_stale = True
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
-        self.ragged_attention = self._ragged_attention(decode_attention)
+        self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
         self._state: SlotState | None = None
         # Decode graphs per (batch, length, mixed: refine rows in the step); prefills per (rows, length, text).
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
@@ -573,7 +572,7 @@ class GraphEngine(ReferenceEngine):
         self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
-    def _ragged_attention(self, choice: str) -> int | None:
+    def _ragged_threshold(self, choice: str) -> int | None:
         """``decode_attention`` -> the smallest batch bucket stepped with the ragged Triton kernel (None: none).
         ragged: every batch; padded: none (masked SDPA over the bucket); auto: on CUDA with Triton, from
         ``attention.MIN_RAGGED_BATCH`` rows (below it SDPA is as fast, bench/results/attention-sweep-*)."""
@@ -590,7 +589,7 @@ class GraphEngine(ReferenceEngine):
         return attention.MIN_RAGGED_BATCH if self.cuda and attention.available() else None
 
     def _ragged(self, batch: int) -> bool:
-        return self.ragged_attention is not None and batch >= self.ragged_attention
+        return self.ragged_from is not None and batch >= self.ragged_from
 
     def describe(self) -> dict:
         return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
@@ -598,8 +597,8 @@ class GraphEngine(ReferenceEngine):
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
                 "audio_graphs": len(self._audio_graphs),
                 "refine_graphs": sum(k[2] for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
-                "decode_attention": ("padded" if self.ragged_attention is None
-                                     else f"ragged from {self.ragged_attention} rows"), "refine_rows": self.refine_rows,
+                "decode_attention": ("padded" if self.ragged_from is None
+                                     else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
@@ -937,18 +936,18 @@ class GraphEngine(ReferenceEngine):
             host.running[job.slot] = job
             # As engines.refine: at most max_new_frames tokens, and no position past max_model_len.
             host.limit[job.slot] = min(job.params.max_new_frames, self.max_model_len - len(job.prompt_ids))
-        host.epoch[slots] += 1
+        self._epoch[slots] += 1  # one epoch per slot, whichever kind holds it
         host.active[slots] = True
         self._text_index_stale = True
         self._position[slots] = [len(j.prompt_ids) for j in jobs]
-        out = _Output(slots, host.epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]), None)
+        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]), None)
         out.ready = self._event()
         return out
 
     def _accept_text(self, out: _Output) -> None:
         tokens, _ = out.fetch()
         host = self._refine
-        live = host.active[out.slots] & (host.epoch[out.slots] == out.epochs)
+        live = host.active[out.slots] & (self._epoch[out.slots] == out.epochs)
         for slot, row in zip(out.slots[live], out.rows[live]):
             job = host.running[int(slot)]
             token = int(tokens[row, 0])
@@ -1005,7 +1004,7 @@ class GraphEngine(ReferenceEngine):
         if len(audio):
             outputs.append((False, _Output(audio, self._epoch[audio].copy(), audio, codes, hidden, ready)))
         if len(text):
-            outputs.append((True, _Output(text, refine.epoch[text].copy(), text, codes, None, ready)))
+            outputs.append((True, _Output(text, self._epoch[text].copy(), text, codes, None, ready)))
         return outputs
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
