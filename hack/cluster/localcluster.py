@@ -30,6 +30,7 @@ import ipaddress
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -236,14 +237,40 @@ def kubeconfig_document(cluster_name: str, server: str, pki: Path, user: str) ->
 # Processes and ports
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for clients' local ports (Linux default 32768-60999)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all held open until every one is chosen)."""
-    sockets = []
+    """Distinct free TCP ports on 127.0.0.1 (all held open until every one is chosen).
+
+    They lie outside the kernel's ephemeral range: a component restarted on its old port
+    (fault tests) must find it free, and while it was down any client connection on the host
+    could otherwise have been given that port as its local end."""
+    low, high = _ephemeral_range()
+    spans = [(span_low, span_high) for span_low, span_high in ((10000, low - 1), (high + 1, 65535))
+             if span_high - span_low > 1000]
+    rng = random.Random()
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for _ in range(200 * count):
+            if len(sockets) == count:
+                break
+            span_low, span_high = rng.choice(spans) if spans else (0, 0)
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                # Without spans (an unusual kernel setting) let the kernel choose.
+                s.bind(("127.0.0.1", rng.randint(span_low, span_high) if spans else 0))
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
+        if len(sockets) < count:
+            raise ClusterError(f"found only {len(sockets)} of {count} free ports outside {low}-{high}")
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
@@ -319,6 +346,16 @@ class Ports:
 
     def all(self) -> set[int]:
         return set(vars(self).values())
+
+    def of(self, component: str) -> set[int]:
+        """The ports a component listens on."""
+        return {
+            "etcd": {self.etcd_client, self.etcd_peer},
+            "kube-apiserver": {self.apiserver},
+            "kube-controller-manager": {self.controller_manager},
+            "kube-scheduler": {self.scheduler},
+            "kwok": {self.kwok},
+        }[component]
 
 
 # ---------------------------------------------------------------------------
@@ -606,6 +643,10 @@ class LocalCluster(ClusterHandle):
                     os.killpg(pid, signal.SIGKILL)
                 if not self._wait_gone(component, pid, 10):
                     raise ClusterError(f"{component} (pid {pid}) survived SIGKILL")
+            # A killed Go process's leader turns zombie before its other threads have let go
+            # of the sockets: a restart on the same ports must wait for them to close.
+            ports = self.ports.of(component)
+            self._wait_for(lambda: not listening_ports(ports), f"{component}'s ports to close", 15)
         self._pid_file(component).unlink(missing_ok=True)
         self._children.pop(component, None)
 
