@@ -110,7 +110,7 @@ def free_port() -> int:
 
 def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
                  engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
-                 audio_decoder: str = "dvae"):
+                 audio_decoder: str = "dvae", voice_from_first_piece: bool | None = None):
     import yaml
 
     port = free_port()
@@ -120,7 +120,7 @@ def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chun
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
         # The random checkpoint's test tokenizer spells words out (~4.5 tokens a word, a real one ~1.3): the
         # front-end's frame budget per token is scaled so a paragraph stays one piece, as it would be.
-        "text": {"frames_per_text_token": 4.0},
+        "text": {"frames_per_text_token": 4.0, "voice_from_first_piece": voice_from_first_piece},
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk,
                        "refine_text": refine, "audio_decoder": audio_decoder},
     }
@@ -294,7 +294,8 @@ async def main_async(args) -> dict:
     log = tmp / f"bench-server-{args.device}-{args.tag or args.engine}.log"
     proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
                              engine=args.engine, max_model_len=args.max_model_len, refine=args.refine == "on",
-                             audio_decoder=args.audio_decoder)
+                             audio_decoder=args.audio_decoder,
+                             voice_from_first_piece={"on": True, "off": False}.get(args.voice_from_first_piece))
     texts = mixed_requests() if args.mixed else BENCH_TEXTS
     try:
         t0 = time.perf_counter()
@@ -326,6 +327,7 @@ async def main_async(args) -> dict:
                    "chunk_frames": args.chunk_frames, "engine": args.engine, "client_procs": args.client_procs,
                    "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
                    "refine_text": args.refine == "on", "audio_decoder": args.audio_decoder, "mixed": args.mixed,
+                   "voice_from_first_piece": args.voice_from_first_piece,
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
         "environment": environment(args.device, client_lib),
         "server_startup_s": startup,
@@ -361,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")
     p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
     p.add_argument("--refine", default="off", choices=("on", "off"), help="generation.refine_text")
+    p.add_argument("--voice-from-first-piece", default="default", choices=("default", "on", "off"),
+                   help="text.voice_from_first_piece (default: the engine's default, on for graph)")
     p.add_argument("--audio-decoder", default="dvae", choices=("dvae", "decoder"), help="generation.audio_decoder")
     p.add_argument("--mixed", action="store_true",
                    help="mixed request lengths (1 to 4 sentences, audio sized to the text) instead of --frames each")

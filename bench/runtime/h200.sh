@@ -12,6 +12,7 @@
 #   faithful     python3 -m bench.runtime ... --engine graph --mixed --refine on --audio-decoder decoder
 #                (upstream's pipeline: refine-text, then the Decoder path; mixed lengths, 1-4 sentences)
 #   faithful_norefine  the same with --refine off
+#   faithful_ownvoice  faithful with --voice-from-first-piece off (each piece of a long input on its own)
 #   upstream     upstream ChatTTS's own Chat.infer() on the same GPU (bench/runtime/upstream_peer.sh: the
 #                scripts of ../shared/anchors copied into .anchor; needs the chattts wheels in .whl)
 #   memprobe     python3 -m bench.runtime.memory_probe (each engine's GPU memory against the operator's
@@ -54,7 +55,7 @@ if [ -z "$STEPS" ]; then
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
 for step in $STEPS; do
-  case "$step" in anchor|graph_check|engine_load|graph|faithful|faithful_norefine|upstream|memprobe|dtype|reference|loadgen) ;;
+  case "$step" in anchor|graph_check|engine_load|graph|faithful|faithful_norefine|faithful_ownvoice|upstream|memprobe|dtype|reference|loadgen) ;;
     *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph faithful faithful_norefine" \
             "upstream memprobe dtype reference loadgen)" >&2; exit 2 ;;
   esac
@@ -100,7 +101,7 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180
+declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
                 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 LEVELS="${LEVELS:-1,16,64,128,256}"
 ROUNDS="${ROUNDS:-2}"
@@ -117,6 +118,7 @@ step_command() {
     graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 8 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
     faithful) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful" ;;
     faithful_norefine) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-refine-off" ;;
+    faithful_ownvoice) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --voice-from-first-piece off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-own-voice" ;;
     upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-h200-$DATE.jsonl" ;;
     memprobe) echo "python3 -m bench.runtime.memory_probe --out $STAGE/results" ;;
     dtype) echo "python3 -m bench.runtime.dtype_agreement --out $STAGE/results" ;;

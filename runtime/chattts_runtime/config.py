@@ -152,6 +152,11 @@ class TextSettings(_Strict):
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(
         16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
+    voice_from_first_piece: bool = Field(
+        True, description="Upstream's long input: the first piece is generated whole and its audio becomes a "
+                          "voice sample (spk_smp, its text as txt_smp) for every piece, the first one again "
+                          "(upstream's default). Off: each piece on its own (first audio sooner, the voice may "
+                          "drift between pieces).")
 
 
 class RuntimeConfig(_Strict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from chattts_runtime.config import EngineKind, RuntimeConfig
+from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.model.refine import BREAK_LEVELS, LAUGH_LEVELS, ORAL_LEVELS, RefineParams, upstream_refine_sampling
 from chattts_runtime.model.sampling import SamplingParams
 
@@ -139,9 +139,6 @@ def voice_sample(req, config: RuntimeConfig, sizes) -> VoiceSample | None:
         if req.speaker_sample_text is not None:
             raise ControlError("speaker_sample_text", "speaker_sample_text needs speaker_sample")
         return None
-    if config.engine_kind != EngineKind.REFERENCE:
-        raise ControlError("speaker_sample", f"the {config.engine_kind.value} engine takes text prompts only; "
-                                             f"a voice sample needs the reference engine")
     from chattts_runtime.model.encoder import decode_sample_codes  # noqa: PLC0415
     from chattts_runtime.model.speaker import SpeakerError  # noqa: PLC0415
 

@@ -151,6 +151,7 @@ def build_app(holder: "ServiceHolder"):
         # 4,096 characters, bench/results/text-frontend-*), a speaker string is decoded.
         synthesis = await asyncio.to_thread(service.prepare, speech_request)
         await service.refine(synthesis, speech_request)
+        await service.voice_from_first_piece(synthesis, speech_request)
         headers.update(refined_text_headers(synthesis.refined_text))
         frames = service.submit(synthesis)
         fmt = synthesis.response_format

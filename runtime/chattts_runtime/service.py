@@ -133,6 +133,11 @@ class SpeechService:
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
         metrics.bind_engine(engine)
+        # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
+        self._voices_from_first_piece = config.text.voice_from_first_piece and model.encoder is not None
+        if config.text.voice_from_first_piece and model.encoder is None:
+            log.warning("this checkpoint's DVAE has no encoder: the pieces of a long input are not voiced "
+                        "from the first one as upstream's (text.voice_from_first_piece)")
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -195,7 +200,8 @@ class SpeechService:
         normalize = self.config.text.normalize if req.normalize is None else req.normalize
         try:
             return self.frontend.pieces(req.input, normalize=normalize, lang=req.lang,
-                                        with_speaker=with_speaker, speed=req.speed)
+                                        with_speaker=with_speaker, speed=req.speed,
+                                        voice_from_first=with_speaker and self._voices_from_first_piece)
         except NothingToSay as err:
             raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
         except SentenceTooLong as err:
@@ -204,10 +210,13 @@ class SpeechService:
                            code="sentence_too_long") from None
 
     def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
-                     index: int = 0, piece_frames: int | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+                     index: int = 0, piece_frames: int | None = None,
+                     with_speaker: bool | None = None) -> tuple[tuple[int, ...], SamplingParams]:
         """One piece's audio prompt and sampling; ``index`` offsets a fixed seed so every piece of a
-        long input gets its own draw; ``piece_frames`` is the front-end's frame budget for the piece."""
-        prompt = self.model.tokenizer.build(text, with_speaker=sample is None, speed=speed,
+        long input gets its own draw; ``piece_frames`` is the front-end's frame budget for the piece;
+        ``with_speaker`` (default: without a sample) puts the speaker tag in."""
+        with_speaker = sample is None if with_speaker is None else with_speaker
+        prompt = self.model.tokenizer.build(text, with_speaker=with_speaker, speed=speed,
                                             sample_text="" if sample is None else sample.text)
         length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
         max_frames = self.config.engine.max_model_len - length - 1
@@ -256,6 +265,65 @@ class SpeechService:
                 req, refined.text, synthesis.speed, synthesis.sample, index, request.params.max_new_frames)
         synthesis.texts = tuple(refined_texts)
         synthesis.refined_text = synthesis.text = " ".join(refined_texts)
+
+    async def voice_from_first_piece(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """Upstream's long input (``split_text`` and no ``spk_smp``): the first piece is generated whole,
+        its audio encoded into a voice sample (``spk_smp``, the piece's text as ``txt_smp``), and then every
+        piece, the first one again, is generated with the speaker and that sample. Runs after refine-text
+        (the sample's text is the refined one) and before anything streams."""
+        if not synthesis.more or synthesis.sample is not None or not self._voices_from_first_piece:
+            return
+        first = synthesis.request
+        # The sample rides in every piece's context: it may take what the tightest piece leaves beside its
+        # own prompt (with the sample's text) and its budgeted frames. A first piece that runs longer than
+        # that (its budget is above ChatTTS's pace) is cut there for the sample only.
+        budget = self.frontend.budget
+        room = min(budget.max_model_len - 1 - len(p.input_ids) - budget.frames_needed(p.text_tokens, synthesis.speed)
+                   for p in (self.model.tokenizer.build(text, with_speaker=first.speaker is not None,
+                                                        speed=synthesis.speed, sample_text=synthesis.texts[0])
+                             for text in synthesis.texts))
+        if room < 1:
+            raise APIError(400, f"the pieces of this input leave no room in max_model_len {budget.max_model_len} "
+                           "for the first piece's voice sample: shorten the first sentence (or turn "
+                           "text.voice_from_first_piece off)", param="input")
+        params = replace(first.params, max_new_frames=min(first.params.max_new_frames, room),
+                         min_new_frames=min(first.params.min_new_frames, room))
+        reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
+                            arrival=time.monotonic())
+        try:
+            stream = self.engine.submit(reference)
+        except QueueFull as err:
+            raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
+        except EngineStopped:
+            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down") from None
+        frames = []
+        try:
+            async for chunk in stream:
+                if chunk.error:
+                    raise APIError(500, f"generation failed: {chunk.error}", err_type="server_error")
+                if len(chunk.codes):
+                    frames.append(self._frames_of(chunk, reference.want_hidden))
+        finally:
+            await stream.aclose()
+        if not frames:
+            return  # nothing to sample a voice from: every piece goes on its own
+        audio = await self._in_pool(self._decode_frames, np.concatenate(frames))
+        codes = await self.run_model(self._encode_voice, audio)
+        sample = VoiceSample(codes, synthesis.texts[0])
+        for index, request in enumerate((first, *synthesis.more)):
+            request.prompt_ids, request.params = self._code_prompt(
+                req, synthesis.texts[index], synthesis.speed, sample, index, request.params.max_new_frames,
+                with_speaker=request.speaker is not None)
+            request.prompt_codes = sample.codes
+
+    def _encode_voice(self, audio: np.ndarray) -> np.ndarray:
+        """Audio -> its codes ``[T, num_vq]`` by the DVAE encoder (upstream's ``sample_audio_speaker``)."""
+        import torch  # noqa: PLC0415
+
+        with torch.inference_mode():
+            codes = self.model.encoder(torch.from_numpy(np.ascontiguousarray(audio)).to(self.model.device))
+        return codes.cpu().numpy().T.copy()
 
     async def run_model(self, fn, *args):
         """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""

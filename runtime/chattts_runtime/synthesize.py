@@ -122,6 +122,7 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                                     voice=item.voice or default_voice, response_format=fmt, speed=item.speed)
                 synthesis = service.prepare(req)
                 await service.refine(synthesis, req)
+                await service.voice_from_first_piece(synthesis, req)
                 audio = await service.synthesize(synthesis, service.submit(synthesis))
                 data = await asyncio.to_thread(service.encode, audio, fmt)
             except APIError as err:

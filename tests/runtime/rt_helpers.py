@@ -132,8 +132,9 @@ def request(model, i, text, params):
     return SynthesisRequest(f"r{i}", prompt.input_ids, fixed_speaker(model), params)
 
 
-async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, **engine_kw):
-    """Each text as one request (at once, or one after another): (frames, chunk sizes, finish reason) each."""
+async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, make_request=request, **engine_kw):
+    """Each text as one request (at once, or one after another): (frames, chunk sizes, finish reason) each;
+    ``make_request(model, i, text, params)`` builds request ``i``."""
     rec = Recorder()
     engine = engine_cls(model, observer=rec, **engine_kw)
     await engine.start()
@@ -141,7 +142,7 @@ async def run_all(engine_cls, model, texts, params, *, concurrent, stagger=0.0, 
     async def one(i, text):
         await asyncio.sleep(stagger * i)
         frames, chunks, reason = [], [], None
-        async for chunk in engine.submit(request(model, i, text, params)):
+        async for chunk in engine.submit(make_request(model, i, text, params)):
             chunks.append(len(chunk.codes))
             frames.extend(chunk.codes.tolist())
             reason = chunk.finish_reason

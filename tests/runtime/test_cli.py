@@ -43,6 +43,14 @@ def test_the_default_engine_is_the_one_measured_on_the_gpu_and_vllm_keeps_fp8():
     assert config.engine.kv_cache_dtype == "fp8"
 
 
+def test_long_inputs_take_the_first_pieces_voice_on_every_engine_unless_turned_off():
+    from chattts_runtime.config import RuntimeConfig
+
+    for kind in ("graph", "reference", "vllm"):
+        assert RuntimeConfig(engine_kind=kind).text.voice_from_first_piece
+    assert not RuntimeConfig.model_validate({"text": {"voice_from_first_piece": False}}).text.voice_from_first_piece
+
+
 def test_environment_override_errors_name_the_field(tmp_path):
     cfg = tmp_path / "runtime.yaml"
     cfg.write_text("engine_kind: reference\n")

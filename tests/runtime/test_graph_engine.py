@@ -58,6 +58,30 @@ def test_greedy_codes_equal_the_reference_engine(tiny_model):
     assert any(r == "eos" for _, _, r in reference)
 
 
+def test_greedy_codes_with_voice_sample_codes_equal_the_reference_engine(tiny_model):
+    """A voice sample's codes after the text prompt (upstream's spk_smp; what a long input's first piece
+    becomes for the pieces after it) prefill as the reference engine embeds them, beside prompts without."""
+    num_vq, codes = tiny_model.sizes.gpt.num_vq, tiny_model.sizes.gpt.num_audio_tokens - 1
+    rng = np.random.default_rng(3)
+    samples = {i: rng.integers(0, codes, size=(int(rng.integers(5, 40)), num_vq)) for i in (0, 2, 3)}
+
+    def with_sample(model, i, text, params):
+        made = request(model, i, text, params)
+        made.prompt_codes = samples.get(i)
+        return made
+
+    params = SamplingParams(temperature=0, max_new_frames=30)
+    reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False,
+                                       make_request=with_sample))
+    joined, rec = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS, params, concurrent=True,
+                                      make_request=with_sample, max_num_seqs=8, pad_shapes=True))
+    assert max(rec.batches) >= 2
+    plain, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False))
+    for i, ((ref, _, ref_reason), (got, _, reason)) in enumerate(zip(reference, joined)):
+        assert got == ref and reason == ref_reason, i
+    assert all(reference[i][0] != plain[i][0] for i in samples)  # the codes really conditioned them
+
+
 def test_slots_are_reused_when_requests_outnumber_them(tiny_model):
     params = SamplingParams(temperature=0, max_new_frames=12)
     reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False))

@@ -121,6 +121,45 @@ async def collect(engine, reqs):
     return await asyncio.gather(*(one(r) for r in reqs))
 
 
+async def test_voice_sample_codes_after_the_prompt_equal_the_reference(vllm_engine, tiny_model):
+    """A voice sample (upstream's spk_smp; a long input's first piece for the pieces after it): codebook 0
+    rides in the prompt's token ids, every codebook in the payload; greedy codes equal the reference's."""
+    rng = np.random.default_rng(5)
+    num_vq, codes = tiny_model.sizes.gpt.num_vq, tiny_model.sizes.gpt.num_audio_tokens - 1
+
+    def with_samples(prefix: str) -> list[SynthesisRequest]:
+        reqs = audio_requests(tiny_model, prefix)
+        for i, req in enumerate(reqs):
+            if i % 2 == 0:
+                req.prompt_codes = np.random.default_rng(i).integers(0, codes, size=(8 + 3 * i, num_vq))
+        return reqs
+
+    reference = ReferenceEngine(tiny_model, max_num_seqs=16, max_model_len=MAX_MODEL_LEN)
+    await reference.start()
+    try:
+        expected = await collect(reference, with_samples("ref-s"))
+        plain = await collect(reference, audio_requests(tiny_model, "ref-p"))
+    finally:
+        await reference.stop()
+    got = await collect(vllm_engine, with_samples("vllm-s"))
+    for i, ((codes_got, _, reason), (want, _, want_reason)) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(codes_got, want, err_msg=f"request {i}")
+        assert reason == want_reason
+    assert all(not np.array_equal(expected[i][0], plain[i][0]) for i in range(0, len(TEXTS), 2))
+    # The same text and codebook 0 with other codebooks 1..3 is another prompt (the prefix cache's salt).
+    twin = with_samples("vllm-t")[0]
+    twin.prompt_codes = twin.prompt_codes.copy()
+    twin.prompt_codes[:, 1:] = rng.integers(0, codes, size=(len(twin.prompt_codes), num_vq - 1))
+    [(twin_codes, _, _)] = await collect(vllm_engine, [twin])
+    reference = ReferenceEngine(tiny_model, max_num_seqs=16, max_model_len=MAX_MODEL_LEN)
+    await reference.start()
+    try:
+        [(want_twin, _, _)] = await collect(reference, [twin])
+    finally:
+        await reference.stop()
+    np.testing.assert_array_equal(twin_codes, want_twin)
+
+
 async def test_decoder_path_hidden_states_and_audio_equal_the_reference(vllm_engine, tiny_model):
     reference = ReferenceEngine(tiny_model, max_num_seqs=16, max_model_len=MAX_MODEL_LEN)
     await reference.start()
@@ -161,6 +200,7 @@ async def speak(service: SpeechService, **fields):
                         refine_temperature=0, **fields)
     synthesis = service.prepare(req)
     await service.refine(synthesis, req)
+    await service.voice_from_first_piece(synthesis, req)
     audio = await service.synthesize(synthesis, service.submit(synthesis))
     return synthesis, audio
 
@@ -176,5 +216,8 @@ async def test_speech_service_long_input_refined_on_the_decoder_path_equals_the_
     assert len(have.texts) >= 2, "the long input should be split into pieces"
     assert have.texts == want.texts and have.refined_text == want.refined_text
     assert [r.prompt_ids for r in (have.request, *have.more)] == [r.prompt_ids for r in (want.request, *want.more)]
+    # Every piece took the first piece's voice (upstream's long input), from the same sample codes.
+    assert all(r.prompt_codes is not None for r in (have.request, *have.more))
+    np.testing.assert_array_equal(have.request.prompt_codes, want.request.prompt_codes)
     assert have_audio.shape == want_audio.shape and np.abs(have_audio).max() > 0
     np.testing.assert_allclose(have_audio, want_audio, rtol=1e-3, atol=1e-4)

@@ -25,7 +25,8 @@ GPT's weights and KV heads; the auxiliary decoder/DVAE/Vocos sit whole on each G
 - KV cache: the slot cache ``(maxNumSeqs + 1) x maxModelLen x KV bytes per token`` (one
   scratch slot) and the slots' frame history (``num_vq`` int64 codes per position).
 - capture pools: the largest captured prefill (``GRAPH_PREFILL_ROWS`` newcomers x
-  ``PREFILL_TOKENS`` tokens) and the audio windows (``AUDIO_ROWS`` windows of
+  ``PREFILL_TOKENS`` tokens; beside it the prefill's voice-sample codes, ``GRAPH_PREFILL_ROWS`` x
+  ``maxModelLen`` x ``num_vq`` int64) and the audio windows (``AUDIO_ROWS`` windows of
   ``AUDIO_WINDOW_FRAMES`` frames through DVAE + Vocos), plus the speech API's decode of one
   whole non-streamed response.
 - a CUDA context per process (``CUDA_CONTEXT_MIB``).
@@ -263,6 +264,8 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
             # the Decoder path's hidden states per slot, 16-bit
             "hiddenHistory": _mib((seqs + 1) * length * shape.hidden_size * BYTES_16BIT),
             "prefillPool": _mib(prefill_bytes),
+            # the voice-sample codes a prefill may embed after a prompt (a long input's first piece), int64
+            "voiceSampleCodes": _mib(prefill_rows * length * FRAME_HISTORY_BYTES_PER_TOKEN),
             "audioPool": _mib(audio_bytes),
             "speechApiDecode": _mib(length * AUDIO_BYTES_PER_FRAME),  # one whole non-streamed response
             "cudaContexts": CUDA_CONTEXT_MIB * copies,
@@ -281,7 +284,8 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
         kv_text = (f"the growing KV cache at its worst, {REFERENCE_KV_FACTOR} x maxNumSeqs {seqs} x maxModelLen "
                    f"{length} x {per_token} bytes")
     kv_mib = sum(parts.get(k, 0) for k in ("kvCache", "frameHistory", "hiddenHistory"))
-    activations_mib = sum(v for k, v in parts.items() if k in ("prefillPool", "audioPool", "speechApiDecode",
+    activations_mib = sum(v for k, v in parts.items() if k in ("prefillPool", "voiceSampleCodes", "audioPool",
+                                                                "speechApiDecode",
                                                                 "prefillActivations", "audioWindows"))
     weights_and_contexts_mib = parts["weights"] + parts["cudaContexts"]
 

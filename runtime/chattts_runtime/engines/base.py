@@ -61,7 +61,7 @@ class SynthesisRequest:
     # engines with ``decodes_audio = True`` honour it; the speech API asks only those.
     want_audio: bool = False
     # Audio codes ``[T, num_vq]`` after the text prompt (a voice from a reference clip, upstream's
-    # ``spk_smp``): embedded as generated frames are; the reference engine only.
+    # ``spk_smp``, or a long input's first piece): embedded as generated frames are; every engine.
     prompt_codes: np.ndarray | None = None
 
     @property

@@ -14,8 +14,9 @@ frame history on the device. Three kinds of work are captured once and replayed:
   (upstream's refine pass, same trunk, same launch); from 128 rows the step attends with
   the ragged kernel of :mod:`~chattts_runtime.engines.attention`;
 * a prefill of up to ``prefill_rows`` newcomers (prompt embedding with the speaker
-  vector, sampling parameters loaded into their slots, first frame sampled), per
-  (newcomer bucket, prompt-length bucket); one host->device copy feeds it;
+  vector and any voice-sample codes after the text, sampling parameters loaded into their
+  slots, first frame sampled), per (newcomer bucket, prompt-length bucket); one
+  host->device copy feeds it (a second one only when a newcomer carries a voice sample);
 * for ``want_audio`` streams, the DVAE + Vocos decode of audio windows gathered from the
   slots' frame history, per (window bucket, window length), on a second CUDA stream so
   it overlaps the GPT steps.
@@ -110,8 +111,10 @@ def pick_bucket(buckets: list[int], need: int) -> int:
 
 
 # Prefill metadata columns in SlotState.prefill_long, before the prompt ids.
-_PF_LENGTH, _PF_SLOT, _PF_SPEAKER, _PF_TOP_K, _PF_WINDOW, _PF_MIN_FRAMES, _PF_SEED = range(7)
-PF_META = 7
+# _PF_TEXT: how many of the prompt's positions are text; the rest (to _PF_LENGTH) are the codes of a
+# voice sample (upstream's spk_smp), in SlotState.prefill_prompt_codes.
+_PF_LENGTH, _PF_SLOT, _PF_SPEAKER, _PF_TOP_K, _PF_WINDOW, _PF_MIN_FRAMES, _PF_SEED, _PF_TEXT = range(8)
+PF_META = 8
 # ... and in SlotState.prefill_float, before the speaker vector.
 _PF_TEMPERATURE, _PF_TOP_P, _PF_PENALTY = range(3)
 PF_FLOAT_META = 3
@@ -174,6 +177,7 @@ class SlotState:
         self.prefill_long = torch.zeros(prefill_rows, PF_META + max_len, **lng)
         self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
         self.prefill_codes = torch.zeros(prefill_rows, self.heads, **lng)
+        self.prefill_prompt_codes = torch.zeros(prefill_rows, max_len, s.num_vq, **lng)
 
     def reset_sampling(self) -> None:
         self.position.zero_()
@@ -337,6 +341,12 @@ def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speake
         speaker = F.normalize(floats[:, PF_FLOAT_META:], p=2.0, dim=-1, eps=1e-12).to(h.dtype)
         where = (ids == speaker_token) & (meta[:, _PF_SPEAKER] > 0)[:, None]
         h = torch.where(where[..., None], speaker[:, None, :], h)
+    if text_end is None:
+        # A voice sample's codes follow the text, embedded as generated frames are (the reference
+        # engine's prefill); for a prompt without one the test covers only its padding.
+        code_at = state.columns[:length][None, :] >= meta[:, _PF_TEXT][:, None]
+        sample = gpt.embed.embed_codes(state.prefill_prompt_codes[:rows, :length]).to(h.dtype)
+        h = torch.where(code_at[..., None], sample, h)
     positions = state.columns[:length].expand(rows, length)
     # Causal within the prompt; padding (at the end) is never seen by a real query.
     mask = torch.ones(length, length, dtype=torch.bool, device=h.device).tril().expand(rows, 1, length, length)
@@ -371,21 +381,30 @@ def decode_windows(model, state: SlotState, rows: int, frames: int, hidden: bool
     return model.codes_to_audio(state.frames[windows[:, 0:1], index])
 
 
-def pack_prefill(rows: int, length: int, speaker_width: int, scratch: int, items) -> tuple[np.ndarray, np.ndarray]:
-    """The host side of one prefill: ``items`` of (slot, prompt ids, SamplingParams, seed, speaker or None)
-    -> ``prefill_long`` and ``prefill_float`` rows; padding rows point at the scratch slot."""
+def pack_prefill(rows: int, length: int, speaker_width: int, scratch: int, items,
+                 num_vq: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The host side of one prefill: ``items`` of (slot, prompt ids, SamplingParams, seed, speaker or None,
+    voice-sample codes ``[T, num_vq]`` or None) -> ``prefill_long`` and ``prefill_float`` rows, and the
+    ``prefill_prompt_codes`` rows when any item has codes (else None); padding rows point at the scratch slot."""
     meta = np.zeros((rows, PF_META + length), np.int64)
     meta[:, _PF_SLOT] = scratch
     meta[:, _PF_LENGTH] = 1
+    meta[:, _PF_TEXT] = 1
     floats = np.zeros((rows, PF_FLOAT_META + speaker_width), np.float32)
-    for row, (slot, ids, p, seed, speaker) in enumerate(items):
+    sample_codes = None
+    for row, (slot, ids, p, seed, speaker, codes) in enumerate(items):
         meta[row, PF_META:PF_META + len(ids)] = ids
-        meta[row, :PF_META] = (len(ids), slot, speaker is not None, p.top_k, p.repetition_window,
-                               p.min_new_frames, _signed(seed % _U64))
+        total = len(ids) + (0 if codes is None else len(codes))
+        meta[row, :PF_META] = (total, slot, speaker is not None, p.top_k, p.repetition_window,
+                               p.min_new_frames, _signed(seed % _U64), len(ids))
         floats[row, :PF_FLOAT_META] = (p.uniform_temperature, p.top_p, p.repetition_penalty)
         if speaker is not None:
             floats[row, PF_FLOAT_META:] = speaker
-    return meta, floats
+        if codes is not None and len(codes):
+            if sample_codes is None:
+                sample_codes = np.zeros((rows, length, num_vq), np.int64)
+            sample_codes[row, len(ids):total] = codes
+    return meta, floats, sample_codes
 
 
 @dataclass
@@ -608,8 +627,6 @@ class GraphEngine(ReferenceEngine):
         return len(self._running)
 
     def submit(self, request: SynthesisRequest):
-        if request.prompt_codes is not None:
-            raise EngineError("the graph engine takes text prompts only; a voice sample needs the reference engine")
         if request.params.uniform_temperature is None:
             raise EngineError("the graph engine samples every codebook at one temperature; "
                               "per-codebook temperatures need the reference engine")
@@ -831,13 +848,14 @@ class GraphEngine(ReferenceEngine):
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
             slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
         n = len(slotted)
-        rows, length = self._prefill_shape(n, max(len(s.request.prompt_ids) for s in slotted))
-        meta, floats = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
+        rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
+        meta, floats, sample_codes = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
             (s.slot, s.request.prompt_ids, s.request.params,
-             s.generator.initial_seed() if s.generator is not None else 0, s.request.speaker) for s in slotted])
+             s.generator.initial_seed() if s.generator is not None else 0, s.request.speaker,
+             s.request.prompt_codes) for s in slotted], num_vq=self.model.sizes.gpt.num_vq)
         for seq in slotted:
-            seq.position = len(seq.request.prompt_ids)
-        self._run_prefill(rows, length, meta, floats, text=False)
+            seq.position = seq.request.prompt_length
+        self._run_prefill(rows, length, meta, floats, text=False, sample_codes=sample_codes)
         self.observer.on_step(n)
         slots = np.array([s.slot for s in slotted], np.int64)
         for seq in slotted:
@@ -861,7 +879,8 @@ class GraphEngine(ReferenceEngine):
         out.ready = self._event()
         return out
 
-    def _run_prefill(self, rows: int, length: int, meta: np.ndarray, floats: np.ndarray, text: bool) -> None:
+    def _run_prefill(self, rows: int, length: int, meta: np.ndarray, floats: np.ndarray, text: bool,
+                     sample_codes: np.ndarray | None = None) -> None:
         """Copy one packed prefill to the device and run it (replayed when that shape was captured)."""
         state = self._state
         if self._audio_stream is not None:
@@ -869,6 +888,8 @@ class GraphEngine(ReferenceEngine):
             torch.cuda.current_stream().wait_stream(self._audio_stream)
         self._to_device(state.prefill_long[:rows, :PF_META + length], meta)
         self._to_device(state.prefill_float[:rows], floats)
+        if sample_codes is not None:  # else no row reads it (its text fills its prompt)
+            self._to_device(state.prefill_prompt_codes[:rows, :length], sample_codes)
         graph = self._prefill_graphs.get((rows, length, text))
         if graph is not None:
             graph.replay()
@@ -928,8 +949,8 @@ class GraphEngine(ReferenceEngine):
             job.slot = heapq.heappop(self._free)
         n = len(jobs)
         rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
-        meta, floats = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
-                                    [(j.slot, j.prompt_ids, j.params, j.seed, None) for j in jobs])
+        meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
+                                       [(j.slot, j.prompt_ids, j.params, j.seed, None, None) for j in jobs])
         self._run_prefill(rows, length, meta, floats, text=True)
         slots = np.array([j.slot for j in jobs], np.int64)
         for job in jobs:

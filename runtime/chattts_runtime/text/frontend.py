@@ -5,7 +5,7 @@ pure function in :mod:`normalize` / :mod:`split`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chattts_runtime.model.prompt import Prompt, PromptTokenizer
@@ -40,9 +40,25 @@ class FrontEnd:
         return cls(tokenizer, normalizer, budget)
 
     def pieces(self, text: str, *, normalize: bool = True, lang: Language | None = None,
-               with_speaker: bool = True, speed: float = 1.0) -> list[TextPiece]:
-        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a sentence beyond the budget."""
+               with_speaker: bool = True, speed: float = 1.0, voice_from_first: bool = False) -> list[TextPiece]:
+        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a sentence beyond the budget.
 
+        ``voice_from_first``: every piece of a long input will also hold the first piece's text and
+        audio (its voice sample, ``SpeechService.voice_from_first_piece``) in its context. When some
+        piece would not fit beside the first one's text and budgeted frames, the input is planned
+        again in half the context: then the first piece, and beside it any other, always fit."""
+        planned = self._plan(text, self.budget, normalize, lang, with_speaker, speed)
+        if voice_from_first and len(planned) > 1:
+            first = planned[0].prompt
+            reserve = self.budget.frames_needed(first.text_tokens, speed) + first.text_tokens
+            if not all(self.budget.fits(len(p.prompt.input_ids) + reserve, p.prompt.text_tokens, speed)
+                       for p in planned):
+                half = replace(self.budget, max_model_len=self.budget.max_model_len // 2)
+                planned = self._plan(text, half, normalize, lang, with_speaker, speed)
+        return planned
+
+    def _plan(self, text: str, budget: FrameBudget, normalize: bool, lang: Language | None, with_speaker: bool,
+              speed: float) -> list[TextPiece]:
         def prepare(raw: str) -> TextPiece | None:
             said = self.normalizer(raw, lang=lang) if normalize else raw
             if not said.strip():
@@ -50,13 +66,13 @@ class FrontEnd:
             prompt = self.tokenizer.build(said, with_speaker=with_speaker, speed=speed)
             if prompt.text_tokens == 0:
                 return None
-            return TextPiece(said, prompt, self.budget.max_frames(len(prompt.input_ids)))
+            return TextPiece(said, prompt, budget.max_frames(len(prompt.input_ids)))
 
         def fits(piece: TextPiece) -> bool:
-            return self.budget.fits(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
+            return budget.fits(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
 
         def possible(piece: TextPiece) -> bool:
-            return self.budget.fits_context(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
+            return budget.fits_context(len(piece.prompt.input_ids), piece.prompt.text_tokens, speed)
 
         planned = Planner(prepare, fits, possible).plan(text)
         if not planned:

@@ -59,6 +59,10 @@ class RequestTrack:
     text: bool = False
     end_id: int | None = None
     want_hidden: bool = False  # Decoder path: each step's output row also carries the hidden state
+    # A voice sample's codes after the text (upstream's spk_smp): prompt positions from text_len on are
+    # frames; their token ids carry codebook 0, these rows every codebook.
+    text_len: int | None = None
+    sample_codes: np.ndarray | None = None  # int64 [T, num_vq]
     frames: list[np.ndarray] = field(default_factory=list)  # accepted frames, int64 [num_vq] (or [1])
     generator: torch.Generator | None = None
     # Set by the forward pass: this step ends at the frontier, so it produces frames[len(frames)].
@@ -72,11 +76,13 @@ class RequestTrack:
 
 def request_payload(*, key: str, params: SamplingParams, speaker: np.ndarray | None,
                     speaker_token_id: int | None, text_end_id: int | None = None,
-                    want_hidden: bool = False) -> dict[str, Any]:
+                    want_hidden: bool = False, text_len: int | None = None,
+                    sample_codes: np.ndarray | None = None) -> dict[str, Any]:
     """The ``extra_args`` entry the engine attaches to each vLLM request (msgpack-friendly).
 
     ``text_end_id`` set: a refine-text request (text head, ends at that id); ``want_hidden``:
-    an audio request on the Decoder path."""
+    an audio request on the Decoder path; ``sample_codes`` ``[T, num_vq]``: a voice sample's
+    frames after the prompt's first ``text_len`` (text) positions."""
     return {EXTRA_ARGS_KEY: {
         "text_end_id": text_end_id, "want_hidden": want_hidden,
         "key": key,
@@ -86,6 +92,8 @@ def request_payload(*, key: str, params: SamplingParams, speaker: np.ndarray | N
         "seed": params.seed,
         "speaker": None if speaker is None else [float(v) for v in np.asarray(speaker, np.float32)],
         "speaker_token_id": speaker_token_id,
+        "text_len": text_len,
+        "sample_codes": None if sample_codes is None else np.asarray(sample_codes, np.int64).tolist(),
     }}
 
 
@@ -114,6 +122,9 @@ def new_track(payload: dict[str, Any], prompt_len: int) -> RequestTrack:
                          speaker=speaker, speaker_token_id=payload.get("speaker_token_id"),
                          text=end_id is not None, end_id=None if end_id is None else int(end_id),
                          want_hidden=bool(payload.get("want_hidden")))
+    if payload.get("sample_codes") is not None:
+        track.text_len = int(payload["text_len"])
+        track.sample_codes = np.asarray(payload["sample_codes"], np.int64)
     # Same seeding as the reference engine, so a seeded request samples the same codes.
     track.generator = new_generator(params)
     return track

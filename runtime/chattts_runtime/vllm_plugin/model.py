@@ -143,6 +143,10 @@ class ChatTTSForAudioCodes(nn.Module):
                     side.append((start + p - first, track.frames[j]))
                 if first < track.prompt_len and track.speaker is not None:
                     speaker_rows.append((start, min(end, start + track.prompt_len - first), track))
+                if track.sample_codes is not None and first < track.prompt_len:
+                    # A voice sample's frames in the prompt: every codebook from the payload.
+                    for p in range(max(first, track.text_len), min(last, track.prompt_len - 1) + 1):
+                        side.append((start + p - first, track.sample_codes[p - track.text_len]))
                 produced = last + 1 - track.prompt_len  # frames fed through this step
                 track.sampling = produced >= 0 and produced == len(track.frames) and track.broken is None
             self._step_tracks = step_tracks

@@ -1,0 +1,76 @@
+"""A long input voiced from its first piece (``SpeechService.voice_from_first_piece``): the front-end
+plans pieces that leave room for the first piece's text and audio, and the service rebuilds every
+piece's prompt with them. Equality with upstream's own steps: ``tests/parity/test_long_input_voice.py``."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from chattts_runtime.text.frontend import FrontEnd
+from chattts_runtime.text.normalize import TextNormalizer
+from chattts_runtime.text.split import FrameBudget
+
+SENTENCE = "the quick brown fox jumps over the lazy dog. "
+
+
+def frontend(model, context: int) -> FrontEnd:
+    return FrontEnd(model.tokenizer, TextNormalizer(), FrameBudget(context, 4096, frames_per_text_token=1.0))
+
+
+def test_pieces_leave_room_for_the_first_pieces_voice(tiny_model):
+    text = (SENTENCE * 3).strip() + "\n" + (SENTENCE * 3).strip()  # two lines: upstream's two pieces
+    roomy = frontend(tiny_model, 4096)
+    # Plenty of room: upstream's cut, with or without the voice.
+    assert [p.text for p in roomy.pieces(text, voice_from_first=True)] == [p.text for p in roomy.pieces(text)]
+    # Tight: a piece would leave no room for the first one's text and frames; planned again in half
+    # the context (sentences packed two and one), every piece fits beside them.
+    tight = frontend(tiny_model, 340)
+    plain, voiced = tight.pieces(text), tight.pieces(text, voice_from_first=True)
+    first = voiced[0].prompt
+    reserve = first.text_tokens + tight.budget.frames_needed(first.text_tokens)
+    assert len(plain) == 2 and len(voiced) == 4
+    assert not all(tight.budget.fits(len(p.prompt.input_ids) + reserve, p.prompt.text_tokens) for p in plain)
+    assert all(tight.budget.fits(len(p.prompt.input_ids) + reserve, p.prompt.text_tokens) for p in voiced)
+    assert " ".join(p.text for p in voiced).split() == text.split()  # every word, in order
+
+
+def test_every_piece_gets_the_first_pieces_text_and_codes_and_keeps_its_speaker(tiny_model):
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.engines.reference import ReferenceEngine
+    from chattts_runtime.metrics import RuntimeMetrics
+    from chattts_runtime.service import SpeechRequest, SpeechService
+
+    config = RuntimeConfig.model_validate({
+        "engine_kind": "reference", "engine": {"max_model_len": 512}, "text": {"frames_per_text_token": 1.0},
+        "generation": {"temperature": 0, "max_new_frames": 40, "refine_text": False}})
+    metrics = RuntimeMetrics()
+    service = SpeechService(config, tiny_model, ReferenceEngine(tiny_model, max_model_len=512, observer=metrics),
+                            metrics)
+
+    async def run():
+        await service.engine.start()
+        try:
+            req = SpeechRequest(model="chattts", input=SENTENCE * 2 + "and one more", voice="echo",
+                                response_format="pcm", stream=False)
+            synthesis = service.prepare(req)
+            before = [r.prompt_ids for r in (synthesis.request, *synthesis.more)]
+            await service.voice_from_first_piece(synthesis, req)
+            return synthesis, before
+        finally:
+            await service.close()
+
+    synthesis, before = asyncio.run(run())
+    requests = (synthesis.request, *synthesis.more)
+    assert len(requests) == 3
+    sample = requests[0].prompt_codes
+    assert sample is not None and sample.ndim == 2 and len(sample) > 0
+    spk = tiny_model.tokenizer.spk_emb_id
+    for request, old in zip(requests, before):
+        np.testing.assert_array_equal(request.prompt_codes, sample)
+        assert request.speaker is not None and spk in request.prompt_ids  # [spk_emb], not [empty_spk]
+        assert len(request.prompt_ids) > len(old)  # the first piece's text went in after the speaker
+        assert request.prompt_length + request.params.max_new_frames <= service.config.engine.max_model_len
+    # the first piece's own text body is inside every prompt
+    body = tiny_model.tokenizer.encode(synthesis.texts[0])
+    assert all(any(list(r.prompt_ids[i:i + len(body)]) == body for i in range(len(r.prompt_ids))) for r in requests)
