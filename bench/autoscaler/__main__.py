@@ -24,10 +24,16 @@ from bench.autoscaler import traces as trace_lib
 from chattts_operator.autoscaling import DemandHistory
 from bench.autoscaler.bar import bar_section
 from bench.autoscaler.fleet import FleetModel, flaps, minute_quantiles, reversals, simulate
-from bench.autoscaler.policies import Hpa, Keda, Operator, ReactiveOracle
+from bench.autoscaler.policies import ClairvoyantAtArrival, Hpa, Keda, Operator, ReactiveOracle
 from chattts_operator.autoscaling import per_replica_load_limit
 
 MIN_REPLICAS, MAX_REPLICAS = 1, 16
+# The clairvoyant bound's second row keeps this many replicas whatever the load: one spare
+# beyond what the traces' quietest load needs, held ahead of a rise it cannot foresee.
+HELD_SPARE = 2
+# Traces on which the operator also runs with minReplicas HELD_SPARE (the user's setting, not
+# its default): what holding the bound's spare would buy it where it misses the bar.
+HELD_SPARE_WHAT_IF = ("crowd",)
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -136,7 +142,7 @@ def initial_replicas(trace, model: FleetModel) -> int:
 
 
 def per_replica_rate(trace, model: FleetModel, spec: AutoscalingSpec) -> float:
-    """Requests per second one replica carries at the load limit (the oracle's sizing)."""
+    """Requests per second one replica carries at the load limit (the oracle's and the bound's sizing)."""
     limit = per_replica_load_limit(model.slots, spec.quantile)
     service = float(np.mean(trace.frames)) * model.step_seconds(round(limit)) * model.pipeline_factor
     return limit / service
@@ -146,12 +152,19 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
     spec = operator_spec(calibration.target)
     target = spec.target_seconds
     model = calibration.model
+    rate_per_replica = per_replica_rate(trace, model, spec)
     contenders = [
         Operator(spec, demand=prior_day_demand(trace, calibration, seed) if trace.duration >= DAY else None),
         Hpa(target, MIN_REPLICAS, MAX_REPLICAS),
         Keda(5.0, MIN_REPLICAS, MAX_REPLICAS),
-        ReactiveOracle(trace.rate, per_replica_rate(trace, model, spec), MAX_REPLICAS),
+        ReactiveOracle(trace.rate, rate_per_replica, MAX_REPLICAS),
+        # The bounds of the bar (bar.py): what no autoscaler that cannot see the future passes.
+        ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS),
+        ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS, held=HELD_SPARE),
     ]
+    if trace.name in HELD_SPARE_WHAT_IF:
+        held = operator_spec(calibration.target).model_copy(update={"min_replicas": HELD_SPARE})
+        contenders.append(Operator(held, name=f"operator, minReplicas {HELD_SPARE} (what-if)"))
     initial = initial_replicas(trace, model)
     out = {"trace": trace.name, "title": trace.title, "calibration": calibration.name,
            "requests": int(len(trace.arrivals)), "runs": []}
@@ -190,7 +203,7 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_ylabel("load (req/s)")
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
-    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray"])
+    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray", "tab:purple", "tab:brown", "tab:olive"])
     for run in summary["runs"]:
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]

@@ -1,0 +1,86 @@
+"""The autoscaler benchmark's calibrations, its clairvoyant bound and the bar checker."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.autoscaler import __main__ as bench
+from bench.autoscaler.bar import bar_section, verdict, verdicts
+from bench.autoscaler.policies import ClairvoyantAtArrival
+
+RESULTS = Path(bench.__file__).resolve().parents[1] / "results"
+
+
+@pytest.fixture
+def results_with_a_decoy(tmp_path: Path) -> Path:
+    """The three calibration files, plus a newer-looking runtime file that sorts after them all."""
+    for name in (bench.ANCHOR_FILE, bench.REFERENCE_FILE, bench.GRAPH_FILE):
+        shutil.copy(RESULTS / name, tmp_path / name)
+    decoy = json.loads((RESULTS / bench.REFERENCE_FILE).read_text())
+    for level in decoy["levels"]:
+        level["rtf_p50"] = 99.0
+    (tmp_path / "runtime-h200-2099-12-31-zzz.json").write_text(json.dumps(decoy))
+    return tmp_path
+
+
+def test_each_calibration_reads_its_file_by_name_never_the_newest(results_with_a_decoy: Path):
+    anchor = bench.anchor_calibration(results_with_a_decoy)
+    reference = bench.measured_calibration("reference", bench.REFERENCE_FILE, "ref", results_with_a_decoy)
+    graph = bench.measured_calibration("graph", bench.GRAPH_FILE, "graph", results_with_a_decoy)
+    assert bench.ANCHOR_FILE in anchor.text and bench.REFERENCE_FILE in reference.text and bench.GRAPH_FILE in graph.text
+    # The decoy's 99 x 21.3 ms steps appear nowhere; the graph engine is faster than the reference one.
+    for calibration in (anchor, reference, graph):
+        assert max(t for _, t in calibration.model.step_table) < 0.1
+    assert graph.model.step_seconds(16) < reference.model.step_seconds(16)
+
+
+def test_the_clairvoyant_bound_sizes_for_the_rate_now_up_and_down_at_once():
+    rate = np.array([1.0] * 10 + [20.0] * 10 + [1.0] * 10)
+    bound = ClairvoyantAtArrival(rate, per_replica_rate=4.0, min_replicas=1, max_replicas=16, headroom=1.0)
+    assert bound.evaluate(5.0, 1, None) == 1
+    assert bound.evaluate(12.0, 1, None) == 5  # 20 / 4 at once: no rate policy, no metric
+    assert bound.evaluate(25.0, 5, None) == 1  # down at once
+    held = ClairvoyantAtArrival(rate, per_replica_rate=4.0, min_replicas=1, max_replicas=16, held=2, headroom=1.4)
+    assert held.name == "clairvoyant at arrival, 2 held"
+    assert held.evaluate(5.0, 1, None) == 2  # the spare, whatever the load
+    assert held.evaluate(12.0, 2, None) == 7  # ceil(20 x 1.4 / 4)
+    assert ClairvoyantAtArrival(rate * 10, 4.0, 1, 16).evaluate(12.0, 1, None) == 16  # maxReplicas bounds it
+
+
+def _run(name, violations, hours, flaps=0):
+    return {"autoscaler": name, "slo_violation_minutes": violations, "replica_hours": hours,
+            "flaps_under_10min": flaps}
+
+
+def _raw(ours, bounds):
+    runs = [ours, _run("HPA (wait quantile)", 10, 10.0), _run("KEDA (waiting > 5)", 20, 12.0)] + bounds
+    return [{"calibration": "anchor", "results": [{"title": "t", "runs": runs}]}]
+
+
+@pytest.mark.parametrize(("ours", "bounds", "expected"), [
+    (_run("operator", 5, 9.0), [_run("clairvoyant at arrival", 6, 4.0)], "met"),
+    # Missed, and a bound with a spare held reaches both criteria: reachable, so "not met".
+    (_run("operator", 6, 9.0), [_run("clairvoyant at arrival", 7, 4.0), _run("clairvoyant at arrival, 2 held", 4, 6.0)],
+     "not met"),
+    # Missed, and each bound row fails one criterion or the other: impossible (shown).
+    (_run("operator", 6, 9.0), [_run("clairvoyant at arrival", 7, 4.0), _run("clairvoyant at arrival, 2 held", 4, 11.0)],
+     "impossible (shown)"),
+    # A miss the bound cannot excuse (a quick reversal) is never impossible.
+    (_run("operator", 6, 9.0, flaps=1), [_run("clairvoyant at arrival", 4, 4.0)], "not met"),
+    (_run("operator", 6, 9.0, flaps=1), [_run("clairvoyant at arrival", 7, 4.0)], "not met"),
+])
+def test_the_bar_says_met_not_met_or_impossible_shown(ours, bounds, expected):
+    [row] = verdicts(_raw(ours, bounds))
+    assert verdict(row) == expected
+    section = bar_section(_raw(ours, bounds))
+    assert f"| {expected} |" in section
+
+
+def test_the_bar_never_excuses_a_miss_the_bound_does_not_explain():
+    # Half of HPA's violation minutes is met; replica-hours above HPA's while the bound has both.
+    [row] = verdicts(_raw(_run("operator", 3, 11.0), [_run("clairvoyant at arrival", 2, 5.0)]))
+    assert verdict(row) == "not met"
