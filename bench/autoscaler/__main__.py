@@ -153,6 +153,8 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
     target = spec.target_seconds
     model = calibration.model
     rate_per_replica = per_replica_rate(trace, model, spec)
+    # maxReplicas Ready from the start: no policy at all has fewer violation minutes.
+    all_warm = ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS, held=MAX_REPLICAS)
     contenders = [
         Operator(spec, demand=prior_day_demand(trace, calibration, seed) if trace.duration >= DAY else None),
         Hpa(target, MIN_REPLICAS, MAX_REPLICAS),
@@ -161,6 +163,7 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
         # The bounds of the bar (bar.py): what no autoscaler that cannot see the future passes.
         ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS),
         ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS, held=HELD_SPARE),
+        all_warm,
     ]
     if trace.name in HELD_SPARE_WHAT_IF:
         held = operator_spec(calibration.target).model_copy(update={"min_replicas": HELD_SPARE})
@@ -170,11 +173,14 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
            "requests": int(len(trace.arrivals)), "runs": []}
     for contender in contenders:
         started = time.perf_counter()
-        result = simulate(model, trace.arrivals, trace.frames, contender, initial, trace.duration, seed,
+        result = simulate(model, trace.arrivals, trace.frames, contender,
+                          MAX_REPLICAS if contender is all_warm else initial,
+                          trace.duration, seed,
                           outages=trace.outages)
         per_minute = minute_quantiles(trace.arrivals, result.waits, trace.duration, model.quantile)
         out["runs"].append({
             "autoscaler": contender.name,
+            **({"held": contender.lower} if isinstance(contender, ClairvoyantAtArrival) else {}),
             "slo_violation_minutes": int(np.sum(per_minute > target)),
             "replica_hours": round(result.replica_seconds / 3600.0, 2),
             "reversals": reversals(result.changes),
@@ -203,7 +209,7 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_ylabel("load (req/s)")
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
-    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray", "tab:purple", "tab:brown", "tab:olive"])
+    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray", "tab:purple", "tab:brown", "tab:pink", "tab:olive"])
     for run in summary["runs"]:
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]
