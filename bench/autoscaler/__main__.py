@@ -209,20 +209,24 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_ylabel("load (req/s)")
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
-    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray", "tab:purple", "tab:brown", "tab:pink", "tab:olive"])
-    for run in summary["runs"]:
+    colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray"])
+    # The bound's rows and the what-if are figures for the bar, not lines to read: left out.
+    plotted = [r for r in summary["runs"] if "held" not in r and "what-if" not in r["autoscaler"]]
+    for order, run in enumerate(plotted):
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]
         t = np.array([x[0] for x in tl]) / 3600.0
         label = (f"{name}: {run['slo_violation_minutes']} violation min, "
                  f"{run['replica_hours']} replica-h, {run['reversals']} reversals")
-        axes[1].step(t, [x[1] for x in tl], where="post", color=color, lw=1.2, label=label)
+        # The operator drawn on top of the baselines.
+        axes[1].step(t, [x[1] for x in tl], where="post", color=color, lw=1.2, label=label, zorder=10 - order)
         floors = run.get("_floors")
         if floors and any(f is not None for _, f in floors):
             axes[1].step([x / 3600.0 for x, _ in floors], [f if f is not None else np.nan for _, f in floors],
                          where="post", color=color, lw=0.8, ls=":", label=f"{name}: forecast floor")
         pm = run["_per_minute"]
-        axes[2].plot(np.arange(len(pm)) / 60.0, np.maximum(pm, 1e-4) * 1000, color=color, lw=0.8, label=name)
+        axes[2].plot(np.arange(len(pm)) / 60.0, np.maximum(pm, 1e-4) * 1000, color=color, lw=0.8, label=name,
+                     zorder=10 - order)
     axes[1].set_ylabel("replicas")
     axes[1].legend(fontsize=8, loc="upper left")
     axes[2].axhline(target * 1000, color="red", ls="--", lw=1, label="target")
