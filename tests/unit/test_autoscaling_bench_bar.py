@@ -1,4 +1,5 @@
-"""The autoscaler benchmark's calibrations, its clairvoyant bound and the bar checker."""
+"""The autoscaler benchmark's calibrations, its new load shapes and scrape outages, its clairvoyant
+bound and the bar checker."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from bench.autoscaler import __main__ as bench
+from bench.autoscaler import traces
+from bench.autoscaler.fleet import FleetModel, simulate
 from bench.autoscaler.bar import bar_section, verdict, verdicts
 from bench.autoscaler.policies import ClairvoyantAtArrival
 
@@ -36,6 +39,43 @@ def test_each_calibration_reads_its_file_by_name_never_the_newest(results_with_a
     for calibration in (anchor, reference, graph):
         assert max(t for _, t in calibration.model.step_table) < 0.1
     assert graph.model.step_seconds(16) < reference.model.step_seconds(16)
+
+
+def _minute_means(trace) -> np.ndarray:
+    return trace.rate[: int(trace.duration) // 60 * 60].reshape(-1, 60).mean(axis=1)
+
+
+def test_the_new_load_shapes_are_what_their_names_say():
+    crowd = traces.crowd()
+    assert crowd.rate[2460:4200].mean() / crowd.rate[:2400].mean() == pytest.approx(10.0, rel=0.1)
+    assert crowd.rate[2470] > 8 * crowd.rate[2390]  # within one minute
+    square = _minute_means(traces.square())
+    assert square[:5].mean() < 6.0 < square[6:10].mean()  # 5.5-minute halves: low first, then high
+    lull = traces.lull()
+    assert lull.rate[3600:6000].mean() / lull.rate[:3600].mean() == pytest.approx(1 / 9, rel=0.15)
+    assert lull.rate[6000:7000].mean() < lull.rate[10000:11400].mean() < lull.rate[11400:].mean() * 1.05
+    assert traces.outage().outages == ((4500.0, 4800.0),)
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self):
+        self.seen = []
+
+    def evaluate(self, now, current, sample):
+        self.seen.append((now, sample))
+        return current
+
+
+def test_the_harness_drops_every_scrape_of_an_outage():
+    recorder = Recorder()
+    arrivals = np.arange(0.0, 300.0, 0.5)
+    simulate(FleetModel(), arrivals, np.full(len(arrivals), 100.0), recorder, 1, 300.0, seed=1,
+             outages=((100.0, 160.0),))
+    blind = [now for now, sample in recorder.seen if sample is None]
+    assert blind == [105.0, 120.0, 135.0, 150.0]
+    assert all(sample is not None for now, sample in recorder.seen if now not in blind)
 
 
 def test_the_clairvoyant_bound_sizes_for_the_rate_now_up_and_down_at_once():
