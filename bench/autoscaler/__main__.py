@@ -24,10 +24,16 @@ from bench.autoscaler import traces as trace_lib
 from chattts_operator.autoscaling import DemandHistory
 from bench.autoscaler.bar import bar_section
 from bench.autoscaler.fleet import FleetModel, flaps, minute_quantiles, reversals, simulate
-from bench.autoscaler.policies import Hpa, Keda, Operator, ReactiveOracle
+from bench.autoscaler.policies import ClairvoyantAtArrival, Hpa, Keda, Operator, ReactiveOracle
 from chattts_operator.autoscaling import per_replica_load_limit
 
 MIN_REPLICAS, MAX_REPLICAS = 1, 16
+# The clairvoyant bound's second row keeps this many replicas whatever the load: one spare
+# beyond what the traces' quietest load needs, held ahead of a rise it cannot foresee.
+HELD_SPARE = 2
+# Traces on which the operator also runs with minReplicas HELD_SPARE (the user's setting, not
+# its default): what holding the bound's spare would buy it where it misses the bar.
+HELD_SPARE_WHAT_IF = ("crowd",)
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -136,7 +142,7 @@ def initial_replicas(trace, model: FleetModel) -> int:
 
 
 def per_replica_rate(trace, model: FleetModel, spec: AutoscalingSpec) -> float:
-    """Requests per second one replica carries at the load limit (the oracle's sizing)."""
+    """Requests per second one replica carries at the load limit (the oracle's and the bound's sizing)."""
     limit = per_replica_load_limit(model.slots, spec.quantile)
     service = float(np.mean(trace.frames)) * model.step_seconds(round(limit)) * model.pipeline_factor
     return limit / service
@@ -146,22 +152,35 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
     spec = operator_spec(calibration.target)
     target = spec.target_seconds
     model = calibration.model
+    rate_per_replica = per_replica_rate(trace, model, spec)
+    # maxReplicas Ready from the start: no policy at all has fewer violation minutes.
+    all_warm = ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS, held=MAX_REPLICAS)
     contenders = [
         Operator(spec, demand=prior_day_demand(trace, calibration, seed) if trace.duration >= DAY else None),
         Hpa(target, MIN_REPLICAS, MAX_REPLICAS),
         Keda(5.0, MIN_REPLICAS, MAX_REPLICAS),
-        ReactiveOracle(trace.rate, per_replica_rate(trace, model, spec), MAX_REPLICAS),
+        ReactiveOracle(trace.rate, rate_per_replica, MAX_REPLICAS),
+        # The bounds of the bar (bar.py): what no autoscaler that cannot see the future passes.
+        ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS),
+        ClairvoyantAtArrival(trace.rate, rate_per_replica, MIN_REPLICAS, MAX_REPLICAS, held=HELD_SPARE),
+        all_warm,
     ]
+    if trace.name in HELD_SPARE_WHAT_IF:
+        held = operator_spec(calibration.target).model_copy(update={"min_replicas": HELD_SPARE})
+        contenders.append(Operator(held, name=f"operator, minReplicas {HELD_SPARE} (what-if)"))
     initial = initial_replicas(trace, model)
     out = {"trace": trace.name, "title": trace.title, "calibration": calibration.name,
            "requests": int(len(trace.arrivals)), "runs": []}
     for contender in contenders:
         started = time.perf_counter()
-        result = simulate(model, trace.arrivals, trace.frames, contender, initial, trace.duration, seed,
+        result = simulate(model, trace.arrivals, trace.frames, contender,
+                          MAX_REPLICAS if contender is all_warm else initial,
+                          trace.duration, seed,
                           outages=trace.outages)
         per_minute = minute_quantiles(trace.arrivals, result.waits, trace.duration, model.quantile)
         out["runs"].append({
             "autoscaler": contender.name,
+            **({"held": contender.lower} if isinstance(contender, ClairvoyantAtArrival) else {}),
             "slo_violation_minutes": int(np.sum(per_minute > target)),
             "replica_hours": round(result.replica_seconds / 3600.0, 2),
             "reversals": reversals(result.changes),
@@ -191,19 +210,23 @@ def plot(trace, summary: dict, target: float, path: Path) -> None:
     axes[0].set_title(f"{trace.title}, {summary['calibration']} calibration: load, replicas, "
                       f"p99 scheduler_deadline_wait per minute")
     colors = iter(["tab:green", "tab:blue", "tab:orange", "tab:gray"])
-    for run in summary["runs"]:
+    # The bound's rows and the what-if are figures for the bar, not lines to read: left out.
+    plotted = [r for r in summary["runs"] if "held" not in r and "what-if" not in r["autoscaler"]]
+    for order, run in enumerate(plotted):
         name, color = run["autoscaler"], next(colors)
         tl = run["_timeline"]
         t = np.array([x[0] for x in tl]) / 3600.0
         label = (f"{name}: {run['slo_violation_minutes']} violation min, "
                  f"{run['replica_hours']} replica-h, {run['reversals']} reversals")
-        axes[1].step(t, [x[1] for x in tl], where="post", color=color, lw=1.2, label=label)
+        # The operator drawn on top of the baselines.
+        axes[1].step(t, [x[1] for x in tl], where="post", color=color, lw=1.2, label=label, zorder=10 - order)
         floors = run.get("_floors")
         if floors and any(f is not None for _, f in floors):
             axes[1].step([x / 3600.0 for x, _ in floors], [f if f is not None else np.nan for _, f in floors],
                          where="post", color=color, lw=0.8, ls=":", label=f"{name}: forecast floor")
         pm = run["_per_minute"]
-        axes[2].plot(np.arange(len(pm)) / 60.0, np.maximum(pm, 1e-4) * 1000, color=color, lw=0.8, label=name)
+        axes[2].plot(np.arange(len(pm)) / 60.0, np.maximum(pm, 1e-4) * 1000, color=color, lw=0.8, label=name,
+                     zorder=10 - order)
     axes[1].set_ylabel("replicas")
     axes[1].legend(fontsize=8, loc="upper left")
     axes[2].axhline(target * 1000, color="red", ls="--", lw=1, label="target")
