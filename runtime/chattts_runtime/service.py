@@ -290,13 +290,7 @@ class SpeechService:
                          min_new_frames=min(first.params.min_new_frames, room))
         reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
                             arrival=time.monotonic())
-        try:
-            stream = self.engine.submit(reference)
-        except QueueFull as err:
-            raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
-        except EngineStopped:
-            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down") from None
+        stream = self._to_engine(reference)
         frames = []
         try:
             async for chunk in stream:
@@ -342,9 +336,13 @@ class SpeechService:
         if self.draining:
             raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         synthesis.request.arrival = time.monotonic()
+        first = self._to_engine(synthesis.request)
+        return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
+
+    def _to_engine(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
+        """The engine's stream of ``request``; a full queue is a 429, a stopping engine a 503."""
         try:
-            first = self.engine.submit(synthesis.request)
-            return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
+            return self.engine.submit(request)
         except QueueFull as err:
             raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(max(1, round(err.retry_after)))}) from None
