@@ -333,14 +333,14 @@ class SpeechService:
     # -- generation ------------------------------------------------------------------------
 
     def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
-        if self.draining:
-            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         synthesis.request.arrival = time.monotonic()
         first = self._to_engine(synthesis.request)
         return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
 
     def _to_engine(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
-        """The engine's stream of ``request``; a full queue is a 429, a stopping engine a 503."""
+        """The engine's stream of ``request``; a full queue is a 429, a draining server or stopping engine a 503."""
+        if self.draining:
+            raise APIError(503, "server is shutting down", err_type="server_error", code="shutting_down")
         try:
             return self.engine.submit(request)
         except QueueFull as err:
