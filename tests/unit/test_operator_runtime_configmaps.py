@@ -1,6 +1,9 @@
 """The content-addressed runtime ConfigMap: its name, its hash, and which old ones may go."""
 from __future__ import annotations
 
+import yaml
+from chattts_runtime.config import RuntimeConfig
+
 from chattts_operator.api.chattts import ChatTTSDeploymentSpec
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment import children as builders
@@ -86,3 +89,15 @@ def test_only_this_objects_runtime_configmaps_ever_go():
         configmap("tts-runtime-aaaaaaaaaaaaaaaa", deletionTimestamp="2026-12-01T00:00:00Z"),  # already going
     ]
     assert stale_runtime_configmaps(OWNER, set(), others, []) == []
+
+
+def test_the_rendered_config_reads_back_as_rendered_whatever_its_strings():
+    """The config is emitted with libyaml's emitter when there is one (it folds long escaped
+    strings unlike the pure-Python one): what the pods read back is still exactly the config,
+    and the name follows the text written."""
+    awkward = ["--x=" + "é\"'\\#:{}[]\t" * 12, "--y=" + "a b " * 40, "--z=\u2028中🙂"]
+    spec = spec_of(extraArgs=awkward)
+    rendered = builders.build_configmap(OWNER, spec)
+    text = rendered["data"][builders.CONFIG_KEY]
+    assert RuntimeConfig.model_validate(yaml.safe_load(text)) == builders.runtime_config(spec)
+    assert rendered["metadata"]["name"].endswith(builders.config_hash({builders.CONFIG_KEY: text}))
