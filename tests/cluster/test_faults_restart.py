@@ -97,23 +97,35 @@ def patch_seqs(kubectl, namespace: str, names: list[str], value: int) -> None:
                 "-p", json.dumps({"spec": {"engine": {"maxNumSeqs": value}}}))
 
 
+class NotSettled(AssertionError):
+    """What still differs from the expected end state (the wait reports the last one)."""
+
+
 def settled(kubectl, namespace: str, expected: dict[str, int]) -> bool:
     """Exactly the expected objects, each converged with its newest spec in its Deployment, and
-    the children of deleted objects collected."""
+    the children of deleted objects collected; otherwise NotSettled says what differs."""
     objs = {o["metadata"]["name"]: o for o in kube_list(kubectl, namespace, "ctd")}
-    if set(objs) != set(expected) or not all(converged(o) for o in objs.values()):
-        return False
-    if any(o["spec"]["engine"]["maxNumSeqs"] != expected[n] for n, o in objs.items()):
-        return False
+    if set(objs) != set(expected):
+        raise NotSettled(f"objects {sorted(objs)}, expected {sorted(expected)}")
+    for name, obj in objs.items():
+        if not converged(obj):
+            status = obj.get("status") or {}
+            raise NotSettled(f"{name} not converged: generation {obj['metadata']['generation']}, status "
+                             f"{ {k: status.get(k) for k in ('observedGeneration', 'appliedGeneration', 'phase', 'readyReplicas')} }")
+        if obj["spec"]["engine"]["maxNumSeqs"] != expected[name]:
+            raise NotSettled(f"{name} has maxNumSeqs {obj['spec']['engine']['maxNumSeqs']}, expected {expected[name]}")
     deployments = {d["metadata"]["name"]: d for d in kube_list(kubectl, namespace, "deployments", "-l", MANAGED)}
     if set(deployments) != set(expected):
-        return False
+        raise NotSettled(f"Deployments {sorted(deployments)}, expected {sorted(expected)}")
     for name, obj in objs.items():
         annotations = deployments[name]["spec"]["template"]["metadata"].get("annotations") or {}
         if annotations.get("chattts.io/config-hash") != expected_config_hash(obj):
-            return False
+            raise NotSettled(f"{name}'s Deployment has an old config hash")
     children = kube_list(kubectl, namespace, ",".join(CHILD_KINDS), "-l", MANAGED)
-    return len(children) == 4 * len(expected)
+    if len(children) != 4 * len(expected):
+        names = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children)
+        raise NotSettled(f"{len(children)} children, expected {4 * len(expected)}: {names}")
+    return True
 
 
 def run_scenario(cluster, namespace: str, op: OperatorProcess, fault) -> float:
@@ -164,3 +176,29 @@ def test_etcd_crash_during_operation_converges(own_cluster, own_namespace, opera
 
     recovery = run_scenario(own_cluster, own_namespace, operator, fault)
     print(f"\netcd crash (SIGKILL, 5 s down): converged {recovery:.1f}s after it was back")
+
+
+def test_a_deletion_the_operator_never_saw_is_noticed_and_its_children_stay_gone(own_cluster, own_namespace, operator):
+    """The operator is frozen while the API server restarts and an object is deleted: its watches then
+    relist, and a relist reports no deletions. The children's collection (owner references) must make
+    the operator look, forget the object and never re-create them (not even at a resync)."""
+    kubectl = own_cluster.kubectl
+    apply_all(kubectl, own_namespace, [ctd("kept", replicas=1), ctd("deleted", replicas=1)])
+    expected = {"kept": 64, "deleted": 64}
+    wait_until(lambda: settled(kubectl, own_namespace, expected), "both objects Ready", timeout=180)
+    os.kill(operator.pid, signal.SIGSTOP)
+    try:
+        own_cluster.stop_component("kube-apiserver")  # every watch connection of the operator breaks
+        expire_resource_versions(own_cluster)  # and none can resume where it was: all relist
+        own_cluster.start_component("kube-apiserver")
+        kubectl("delete", "ctd", "deleted", "-n", own_namespace, "--wait=false")
+        wait_until(lambda: kubectl("get", "ctd", "deleted", "-n", own_namespace, check=False).returncode != 0,
+                   "the object to be gone", timeout=60)
+    finally:
+        os.kill(operator.pid, signal.SIGCONT)
+    expected.pop("deleted")
+    wait_until(lambda: settled(kubectl, own_namespace, expected), "the deleted object's children collected",
+               timeout=180, interval=1)
+    time.sleep(35)  # past a resync (30 s here): nothing comes back
+    assert settled(kubectl, own_namespace, expected)
+    assert "is gone (its deletion was not seen)" in operator.log_text()

@@ -112,6 +112,8 @@ class _Slot:
     status_queued: dict[str, Any] | None = None  # the newest status not written yet
     status_writer: asyncio.Task | None = None
     change_seen_at: float | None = None  # when the watch brought a change not applied yet
+    # A child vanished: before anything is re-created, make sure the owner itself still exists.
+    verify_owner: bool = False
 
 
 class DeploymentController:
@@ -181,6 +183,11 @@ class DeploymentController:
             key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
+        if event_type == "DELETED" and kind != "Pod":
+            # Owner references collect the children of a deleted object; a deletion that kopf's
+            # watch never delivered (it relisted after a disconnect, and a relist reports no
+            # deletions) would otherwise have us re-create them, again and again.
+            self._slots.setdefault(key, _Slot()).verify_owner = True
         self._later(self._child_events, key, CHILD_EVENT_COALESCE_SECONDS,
                     kind.lower() if event_type != "DELETED" else f"{kind.lower()}-deleted")
 
@@ -252,9 +259,23 @@ class DeploymentController:
         async with slot.lock:
             slot.queued = False
             body = self.bodies.get(key)
+            if body is not None and slot.verify_owner:
+                slot.verify_owner = False
+                body = await self._still_there(key, body)
             if body is None:
                 return None
             return await self._reconcile_timed(body, trigger)
+
+    async def _still_there(self, key: Key, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The object as the API server has it now (one read), or None after forgetting it when it
+        is gone, or when a new object of the same name replaced it (its own first event comes)."""
+        live = await self.kube.get(KIND, *key)
+        if live is None or live["metadata"].get("uid") != body["metadata"].get("uid"):
+            log.info("%s/%s is gone (its deletion was not seen): forgetting it", *key)
+            self.observe(body, deleted=True)
+            return None
+        self.observe(live)
+        return self.bodies.get(key)
 
     async def resync_once(self) -> None:
         semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
