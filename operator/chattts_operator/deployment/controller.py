@@ -183,7 +183,7 @@ class DeploymentController:
             key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
-        if event_type == "DELETED" and kind != "Pod":
+        if event_type == "DELETED" and kind not in ("Pod", "ReplicaSet"):  # a pruned revision is routine
             # Owner references collect the children of a deleted object; a deletion that kopf's
             # watch never delivered (it relisted after a disconnect, and a relist reports no
             # deletions) would otherwise have us re-create them, again and again.
