@@ -409,9 +409,15 @@ class DeploymentController:
         in_use = {desired.configmap["metadata"]["name"], mounted_configmap(live or {}) or ""}
         stale = stale_runtime_configmaps(owner, in_use, self.cache.items("ConfigMap", owner.namespace, labels),
                                          self.cache.items("ReplicaSet", owner.namespace, labels))
+        configmaps = {cm["metadata"]["name"]: cm for cm in self.cache.items("ConfigMap", owner.namespace, labels)}
         for name in stale:
-            await self.kube.delete("ConfigMap", owner.namespace, name)
+            # Forgotten first: the echo of our own delete is no child vanishing (nothing to check).
             self.cache.forget("ConfigMap", owner.namespace, name)
+            try:
+                await self.kube.delete("ConfigMap", owner.namespace, name)
+            except BaseException:
+                self.cache.remember(configmaps[name])  # still there: the next reconcile tries again
+                raise
             metrics.CHILD_WRITES.labels("ConfigMap").inc()
         return bool(stale)
 

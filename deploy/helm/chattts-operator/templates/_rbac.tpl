@@ -44,11 +44,12 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 
 {{/* Rules inside the watched namespaces (every namespace when watchNamespaces is empty). */}}
 {{- define "chattts-operator.namespacedRules" -}}
-# deployment/controller.py: list+watch (no single reads), kopf annotations/finalizer;
+# deployment/controller.py: list+watch, and one get when a child vanished (does its owner still
+# exist?), kopf annotations/finalizer;
 # sharepolicy/controller.py: replica-cap annotations on member ChatTTSDeployments.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # deployment/controller.py and autoscaling/controller.py write status.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/status"]
