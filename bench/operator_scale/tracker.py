@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from bench.operator_scale.kubeapi import Api, Watch, WatchEvent
 from bench.operator_scale.workload import CHILD_KINDS, MANAGED_SELECTOR, config_hash_of
+from chattts_operator.core.labels import LABEL_INSTANCE as INSTANCE_LABEL
 
 
 class NamespaceTracker:
@@ -39,11 +40,17 @@ class NamespaceTracker:
 
     def _child_handler(self, kind: str) -> Callable[[WatchEvent], None]:
         def handle(event: WatchEvent) -> None:
-            name = event.obj["metadata"]["name"]
-            if event.type == "DELETED":
-                self.children[kind].pop(name, None)
+            meta = event.obj["metadata"]
+            if kind == "ConfigMap":
+                # Runtime ConfigMaps are content-addressed (<name>-runtime-<hash>): counted per owner
+                # from the first one seen; a deleted one is an old revision's.
+                owner = (meta.get("labels") or {}).get(INSTANCE_LABEL)
+                if owner is not None and event.type != "DELETED":
+                    self.children[kind].setdefault(owner, event.at)
+            elif event.type == "DELETED":
+                self.children[kind].pop(meta["name"], None)
             else:
-                self.children[kind].setdefault(name, event.at)
+                self.children[kind].setdefault(meta["name"], event.at)
             self._changed.set()
         return handle
 
@@ -105,11 +112,10 @@ class NamespaceTracker:
 
     def child_count(self, kind: str, names: list[str]) -> int:
         have = self.children[kind]
-        suffix = "-runtime" if kind == "ConfigMap" else ""
-        return sum(1 for n in names if n + suffix in have)
+        return sum(1 for n in names if n in have)
 
     def last_child_time(self, names: list[str]) -> float:
-        return max(self.children[k][n + ("-runtime" if k == "ConfigMap" else "")] for k in CHILD_KINDS for n in names)
+        return max(self.children[k][n] for k in CHILD_KINDS for n in names)
 
     def expect_hash_change(self, name: str) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()

@@ -5,7 +5,8 @@ import json
 from typing import Any
 
 from chattts_operator.core.settings import OperatorSettings
-from chattts_operator.deployment.spec import desired_state, parse_spec
+from chattts_operator.deployment.children import CONFIG_KEY, mounted_configmap
+from chattts_operator.deployment.spec import Desired, desired_state, parse_spec
 
 INSTANCE = "app.kubernetes.io/instance"
 MANAGED = "app.kubernetes.io/managed-by=chattts-operator"
@@ -38,7 +39,25 @@ def converged(obj: dict[str, Any]) -> bool:
             and st.get("phase") == want and st.get("readyReplicas", 0) == obj["spec"]["replicas"])
 
 
+def _desired(obj: dict[str, Any]) -> Desired:
+    return desired_state(obj, parse_spec(obj), OperatorSettings(), largest_node_gpu_mib=None)
+
+
 def expected_config_hash(obj: dict[str, Any]) -> str:
     """What the operator's own pure builders say the Deployment's config hash must be."""
-    desired = desired_state(obj, parse_spec(obj), OperatorSettings(), largest_node_gpu_mib=None)
-    return desired.config_hash
+    return _desired(obj).config_hash
+
+
+def expected_configmap_name(obj: dict[str, Any]) -> str:
+    """The runtime ConfigMap's name for the object's spec (content-addressed: <name>-runtime-<hash>)."""
+    return _desired(obj).configmap["metadata"]["name"]
+
+
+def runtime_configmap(kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The runtime ConfigMap that ChatTTSDeployment ``name``'s Deployment mounts now."""
+    return get(kubectl, namespace, "configmap", mounted_configmap(get(kubectl, namespace, "deploy", name)))
+
+
+def runtime_yaml(kubectl, namespace: str, name: str) -> str:
+    """The runtime config (YAML text) that ChatTTSDeployment ``name``'s pods are given now."""
+    return runtime_configmap(kubectl, namespace, name)["data"][CONFIG_KEY]

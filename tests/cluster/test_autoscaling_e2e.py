@@ -27,7 +27,7 @@ import pytest
 
 from chattts_operator.api.autoscaling import parse_duration
 from bench.operator_scale.operatorproc import OperatorProcess
-from tests.cluster.helpers import INSTANCE, OPERATOR_SETTINGS, apply, get
+from tests.cluster.helpers import INSTANCE, OPERATOR_SETTINGS, apply, get, runtime_yaml
 from tests.support import ctd, free_port, install_crds, wait_until
 
 pytest.importorskip("torch", reason="the runtime processes need torch (runtime extra)")
@@ -251,8 +251,7 @@ def test_scales_up_under_load_and_back_down_after_it(cluster, namespace, runtime
 
 
 def runtime_engine_config(kubectl, namespace: str, name: str) -> dict:
-    configmap = get(kubectl, namespace, "configmap", f"{name}-runtime")
-    return yaml.safe_load(configmap["data"]["runtime.yaml"])["engine"]
+    return yaml.safe_load(runtime_yaml(kubectl, namespace, name))["engine"]
 
 
 def test_batch_token_tuning_raises_at_max_replicas_and_lowers_when_quiet(cluster, namespace, runtime_processes,

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.helpers import CHILD_KINDS, MANAGED, converged, expected_config_hash, kube_list
+from tests.cluster.helpers import (
+    CHILD_KINDS,
+    MANAGED,
+    converged,
+    expected_config_hash,
+    expected_configmap_name,
+    kube_list,
+    runtime_yaml,
+)
 from tests.support import ctd, wait_until
 
 pytestmark = pytest.mark.slow  # minutes each on two cores
@@ -37,7 +45,8 @@ def describe(kubectl, namespace: str, names: list[str], children: dict[str, dict
     out = []
     for name in names:
         obj = json.loads(kubectl("get", "ctd", name, "-n", namespace, "-o", "json").stdout)
-        have = [kind for kind in CHILD_KINDS if (f"{name}-runtime" if kind == "configmaps" else name) in children[kind]]
+        have = [kind for kind in CHILD_KINDS if any(child == name or child.startswith(f"{name}-runtime-")
+                                                    for child in children[kind])]
         st = obj.get("status") or {}
         out.append(f"{name}: generation {obj['metadata']['generation']}, status "
                    f"{ {k: st.get(k) for k in ('observedGeneration', 'appliedGeneration', 'phase')} }, "
@@ -84,12 +93,13 @@ def test_kill9_mid_reconcile_of_200_converges_without_duplicates_or_gaps(crds, n
     print(f"recovery after kill -9 (restart -> 200 converged): {recovery:.1f}s")
 
     final = children_by_kind(kubectl, namespace)
+    by_name = {o["metadata"]["name"]: o for o in final_objs}
     for kind in CHILD_KINDS:
-        expected = {f"{n}-runtime" if kind == "configmaps" else n for n in names}
-        missing_names = sorted(expected - set(final[kind]))
-        assert set(final[kind]) == expected, (
-            f"{kind}: {len(missing_names)} missing, extra {set(final[kind]) - expected}; "
-            + describe(kubectl, namespace, [n.removesuffix("-runtime") for n in missing_names[:2]], final))
+        expected = {expected_configmap_name(by_name[n]) if kind == "configmaps" else n: n for n in names}
+        missing_names = sorted(expected[child] for child in set(expected) - set(final[kind]))
+        assert set(final[kind]) == set(expected), (
+            f"{kind}: {len(missing_names)} missing, extra {set(final[kind]) - set(expected)}; "
+            + describe(kubectl, namespace, missing_names[:2], final))
         for name, uid in seen[kind].items():
             assert final[kind][name] == uid, f"{kind} {name} was recreated after the restart"
     # One ReplicaSet per Deployment: no Deployment was rolled twice (a changed template would
@@ -97,7 +107,6 @@ def test_kill9_mid_reconcile_of_200_converges_without_duplicates_or_gaps(crds, n
     replicasets = kube_list(kubectl, namespace, "replicasets")
     owners = sorted(rs["metadata"]["ownerReferences"][0]["name"] for rs in replicasets)
     assert owners == sorted(names)
-    by_name = {o["metadata"]["name"]: o for o in final_objs}
     deployments = {d["metadata"]["name"]: d for d in kube_list(kubectl, namespace, "deployments", "-l", MANAGED)}
     for name in (names[0], names[19], names[20], names[-1]):
         template = deployments[name]["spec"]["template"]["metadata"]["annotations"]
@@ -159,8 +168,7 @@ def test_spec_edits_during_a_rollout_end_in_the_newest_spec(crds, namespace, ope
     print(f"\nspec edits during a rollout: newest spec rolled out {time.monotonic() - edited:.1f}s after the first edit")
     assert final["metadata"]["generation"] >= 6 and final["spec"]["engine"]["maxNumSeqs"] == 80
     assert not pending_pods()
-    config = json.loads(kubectl("get", "configmap", "tts-runtime", "-n", namespace, "-o", "json").stdout)
-    assert "max_num_seqs: 80" in config["data"]["runtime.yaml"]
+    assert "max_num_seqs: 80" in runtime_yaml(kubectl, namespace, "tts")
     dep = json.loads(kubectl("get", "deployment", "tts", "-n", namespace, "-o", "json").stdout)
     assert dep["spec"]["replicas"] == 2
     assert "chattts.io/faults-hold" not in json.dumps(dep["spec"]["template"]["spec"])

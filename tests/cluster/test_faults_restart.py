@@ -21,7 +21,8 @@ import pytest
 
 import localcluster
 from bench.operator_scale.operatorproc import OperatorProcess
-from tests.cluster.helpers import CHILD_KINDS, MANAGED, converged, expected_config_hash, kube_list
+from chattts_operator.deployment.children import mounted_configmap
+from tests.cluster.helpers import CHILD_KINDS, INSTANCE, MANAGED, converged, expected_config_hash, kube_list
 from tests.support import ctd, install_crds, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -122,9 +123,18 @@ def settled(kubectl, namespace: str, expected: dict[str, int]) -> bool:
         if annotations.get("chattts.io/config-hash") != expected_config_hash(obj):
             raise NotSettled(f"{name}'s Deployment has an old config hash")
     children = kube_list(kubectl, namespace, ",".join(CHILD_KINDS), "-l", MANAGED)
-    if len(children) != 4 * len(expected):
+    # One of each per object, but runtime ConfigMaps: content-addressed, the one the Deployment
+    # mounts must exist, and an older one may stay while a ReplicaSet of its Deployment mounts it.
+    configmaps = {c["metadata"]["name"] for c in children if c["kind"] == "ConfigMap"}
+    others = [c for c in children if c["kind"] != "ConfigMap"]
+    owners = {c["metadata"]["labels"][INSTANCE] for c in children}
+    if len(others) != 3 * len(expected) or owners != set(expected):
         names = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children)
-        raise NotSettled(f"{len(children)} children, expected {4 * len(expected)}: {names}")
+        raise NotSettled(f"{len(children)} children of {sorted(owners)}, expected three and the runtime "
+                         f"ConfigMaps of each of {sorted(expected)}: {names}")
+    for name, deployment in deployments.items():
+        if mounted_configmap(deployment) not in configmaps:
+            raise NotSettled(f"{name}'s runtime ConfigMap {mounted_configmap(deployment)} is missing")
     return True
 
 

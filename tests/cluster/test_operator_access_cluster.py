@@ -14,7 +14,7 @@ from chattts_operator.core.labels import FIELD_MANAGER
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment import children as builders
 from chattts_operator.deployment.spec import desired_state, parse_spec
-from tests.cluster.helpers import apply, get
+from tests.cluster.helpers import apply, get, runtime_configmap, runtime_yaml
 from tests.support import ctd, wait_until
 
 KEY = "k-4d1f0c2e9b7a"  # written into the Secret only; must appear nowhere else
@@ -73,8 +73,7 @@ def test_auth_and_network_policy_are_rendered_and_reported(crds, namespace, oper
     assert volume["secret"]["items"] == [{"key": "team-a", "path": "team-a"}]
     mount = next(m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "api-keys")
     assert mount == {"name": "api-keys", "mountPath": builders.API_KEYS_MOUNT_PATH, "readOnly": True}
-    runtime_yaml = get(kubectl, namespace, "configmap", "locked-runtime")["data"]["runtime.yaml"]
-    assert yaml.safe_load(runtime_yaml)["server"]["api_keys_path"] == builders.API_KEYS_MOUNT_PATH
+    assert yaml.safe_load(runtime_yaml(kubectl, namespace, "locked"))["server"]["api_keys_path"] == builders.API_KEYS_MOUNT_PATH
 
     # The Secret appears: the next resync finds it.
     kubectl("create", "secret", "generic", "locked-keys", "-n", namespace, f"--from-literal=team-a={KEY}")
@@ -83,7 +82,8 @@ def test_auth_and_network_policy_are_rendered_and_reported(crds, namespace, oper
     assert condition(obj, "APIKeys")["reason"] == "SecretFound"
     assert condition(obj, "Degraded")["status"] == "False"
     # The key itself went nowhere: not into the ConfigMap, the Deployment, nor status.
-    for text in (kubectl("get", "configmap", "locked-runtime", "-n", namespace, "-o", "yaml").stdout,
+    configmap = runtime_configmap(kubectl, namespace, "locked")["metadata"]["name"]
+    for text in (kubectl("get", "configmap", configmap, "-n", namespace, "-o", "yaml").stdout,
                  kubectl("get", "deploy", "locked", "-n", namespace, "-o", "yaml").stdout,
                  kubectl("get", "ctd", "locked", "-n", namespace, "-o", "yaml").stdout):
         assert KEY not in text
@@ -101,9 +101,8 @@ def test_auth_and_network_policy_are_rendered_and_reported(crds, namespace, oper
 
     # Auth removed: the volume and the config's path go, and so does the APIKeys condition.
     kubectl("patch", "ctd", "locked", "-n", namespace, "--type=json", "-p", '[{"op":"remove","path":"/spec/auth"}]')
-    wait_until(lambda: "api_keys_path: null" in get(kubectl, namespace, "configmap", "locked-runtime")["data"][
-        "runtime.yaml"] or "api_keys_path" not in get(kubectl, namespace, "configmap", "locked-runtime")["data"][
-        "runtime.yaml"], "the config without api_keys_path", timeout=30)
+    wait_until(lambda: yaml.safe_load(runtime_yaml(kubectl, namespace, "locked"))["server"].get("api_keys_path")
+               is None, "the config without api_keys_path", timeout=30)
     obj = wait_until(lambda: (o := get(kubectl, namespace, "ctd", "locked"))
                      and not condition(o, "APIKeys") and o, "no APIKeys condition", timeout=30)
     dep = get(kubectl, namespace, "deploy", "locked")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.cluster.helpers import apply, get
+from tests.cluster.helpers import apply, get, runtime_configmap, runtime_yaml
 from tests.cluster.test_operator_lifecycle import condition, ready
 from tests.support import ctd, wait_until
 
@@ -52,16 +52,21 @@ def test_hand_edits_of_every_child_are_put_back_by_its_watch(crds, namespace, op
 
     kubectl("patch", "service", "tts", "-n", namespace, "--type=merge", "-p",
             json.dumps({"spec": {"selector": {"app.kubernetes.io/instance": "someone-else"}}}))
-    kubectl("patch", "configmap", "tts-runtime", "-n", namespace, "--type=merge", "-p",
-            '{"data":{"runtime.yaml":"engine: {}\\n"}}')
+    configmap = runtime_configmap(kubectl, namespace, "tts")["metadata"]["name"]
+    # The runtime ConfigMap is immutable (its name carries its content's hash): the API server
+    # refuses an edit of its data; deleted, it comes back under the same name.
+    refused = kubectl("patch", "configmap", configmap, "-n", namespace, "--type=merge", "-p",
+                      '{"data":{"runtime.yaml":"engine: {}\\n"}}', check=False)
+    assert refused.returncode != 0 and "immutable" in refused.stderr, refused.stderr
+    kubectl("delete", "configmap", configmap, "-n", namespace)
     kubectl("delete", "poddisruptionbudget", "tts", "-n", namespace)
     kubectl("patch", "networkpolicy", "tts", "-n", namespace, "--type=merge", "-p",
             json.dumps({"spec": {"policyTypes": ["Ingress", "Egress"]}}))
     started = time.monotonic()
     wait_until(lambda: get(kubectl, namespace, "service", "tts")["spec"]["selector"]
                ["app.kubernetes.io/instance"] == "tts", "Service selector put back", timeout=20)
-    wait_until(lambda: "max_num_seqs" in get(kubectl, namespace, "configmap", "tts-runtime")["data"]["runtime.yaml"],
-               "ConfigMap put back", timeout=20)
+    wait_until(lambda: "max_num_seqs" in get(kubectl, namespace, "configmap", configmap)["data"]["runtime.yaml"],
+               "ConfigMap recreated", timeout=20)
     wait_until(lambda: get(kubectl, namespace, "poddisruptionbudget", "tts"), "PDB recreated", timeout=20)
     wait_until(lambda: get(kubectl, namespace, "networkpolicy", "tts")["spec"]["policyTypes"] == ["Ingress"],
                "NetworkPolicy put back", timeout=20)
@@ -106,8 +111,7 @@ def test_a_new_object_costs_its_child_applies_and_status_and_no_kopf_annotation(
     assert not [key for key in made if key[1] == "chattsdeployments"], made  # only the status subresource
 
     kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":7}}}')
-    wait_until(lambda: "max_num_seqs: 7" in get(kubectl, namespace, "configmap", "tts-runtime")["data"]["runtime.yaml"],
-               "the change applied", timeout=30)
+    wait_until(lambda: "max_num_seqs: 7" in runtime_yaml(kubectl, namespace, "tts"), "the change applied", timeout=30)
     wait_until(lambda: settled(kubectl, namespace, "tts"), "tts settled again", timeout=120)
     obj = get(kubectl, namespace, "ctd", "tts")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.helpers import INSTANCE, MANAGED, apply, get
+from tests.cluster.helpers import INSTANCE, MANAGED, apply, expected_configmap_name, get, runtime_configmap, runtime_yaml
 from tests.support import ctd, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def test_update_rolls_out_and_an_update_that_cannot_start_keeps_serving(crds, na
     assert not old_pods & {p["metadata"]["name"] for p in new_pods}
     dep = get(kubectl, namespace, "deploy", "tts")
     assert dep["spec"]["template"]["metadata"]["annotations"]["chattts.io/config-hash"] != old_hash
-    assert "max_num_seqs: 32" in get(kubectl, namespace, "configmap", "tts-runtime")["data"]["runtime.yaml"]
+    assert "max_num_seqs: 32" in runtime_yaml(kubectl, namespace, "tts")
 
     # An update that cannot start (weights do not fit in 1 GiB) is reported and not rolled out.
     serving_pods = {p["metadata"]["name"] for p in new_pods}
@@ -164,7 +164,8 @@ def test_update_rolls_out_and_an_update_that_cannot_start_keeps_serving(crds, na
 
 def snapshot(kubectl, namespace: str, name: str) -> dict[str, str]:
     out = {"ctd": get(kubectl, namespace, "ctd", name)["metadata"]["resourceVersion"]}
-    for kind, child in (("deployment", name), ("configmap", f"{name}-runtime"), ("service", name),
+    configmap = runtime_configmap(kubectl, namespace, name)["metadata"]["name"]
+    for kind, child in (("deployment", name), ("configmap", configmap), ("service", name),
                         ("poddisruptionbudget", name)):
         out[kind] = get(kubectl, namespace, kind, child)["metadata"]["resourceVersion"]
     return out
@@ -206,10 +207,10 @@ def test_noop_resync_writes_nothing_hand_edits_are_reverted_and_scale_works(crds
     wait_until(lambda: (lambda d: d["spec"]["replicas"] == 3 and
                         d["spec"]["template"]["spec"]["containers"][0]["image"] == "chattts-runtime:test")(
         get(kubectl, namespace, "deploy", "tts")), "Deployment edit reverted", timeout=30)
-    kubectl("patch", "configmap", "tts-runtime", "-n", namespace, "--type=merge", "-p",
-            '{"data":{"runtime.yaml":"engine: {}\\n"}}')
-    wait_until(lambda: "max_num_seqs" in get(kubectl, namespace, "configmap", "tts-runtime")["data"]["runtime.yaml"],
-               "ConfigMap edit reverted", timeout=30)
+    configmap = runtime_configmap(kubectl, namespace, "tts")["metadata"]["name"]
+    kubectl("delete", "configmap", configmap, "-n", namespace)
+    wait_until(lambda: "max_num_seqs" in get(kubectl, namespace, "configmap", configmap)["data"]["runtime.yaml"],
+               "ConfigMap recreated", timeout=30)
     kubectl("delete", "service", "tts", "-n", namespace)
     wait_until(lambda: get(kubectl, namespace, "service", "tts"), "Service recreated", timeout=30)
 
@@ -250,11 +251,10 @@ def test_killed_operator_restarts_without_duplicate_or_lost_children(crds, names
     seen = children(kubectl, namespace)
 
     operators().start()
-    for name in names:
-        wait_until(lambda: ready(kubectl, namespace, name), f"{name} Ready", timeout=180)
+    objs = {name: wait_until(lambda: ready(kubectl, namespace, name), f"{name} Ready", timeout=180) for name in names}
     final = children(kubectl, namespace)
     for kind in CHILD_KINDS:
-        expected = {f"{n}-runtime" if kind == "configmap" else n for n in names}
+        expected = {expected_configmap_name(objs[n]) if kind == "configmap" else n for n in names}
         assert set(final[kind]) == expected, kind
         # Children made before the kill were kept, not recreated.
         for name, uid in seen[kind].items():

@@ -25,6 +25,7 @@ from kopf.testing import KopfRunner
 import localcluster
 from chattts_operator.core import clock
 from chattts_operator.api.common import parse_live_quantity as parse_quantity
+from tests.cluster.helpers import runtime_yaml
 from tests.support import TEST_ENGINE, install_crds, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -474,8 +475,7 @@ def test_quantization_job_runs_and_serving_switches_to_read_only_awq(cluster, na
         assert mounts and all(m.get("readOnly") is True for m in mounts)
         assert all(m.get("subPath") == f"awq/{digest}" for m in mounts)
         assert not any((v.get("persistentVolumeClaim") or {}).get("claimName") == "weights" for v in pod["volumes"])
-        runtime = kjson(cluster, "get", "configmap", "tts-runtime", "-n", namespace)
-        config = yaml.safe_load(next(iter(runtime["data"].values())))
+        config = yaml.safe_load(runtime_yaml(cluster.kubectl, namespace, "tts"))
         assert config["model"]["format"] == "awq"
         reasons = {e["reason"] for e in kjson(cluster, "get", "events", "-n", namespace,
                                               "--field-selector", "involvedObject.name=tts")["items"]}

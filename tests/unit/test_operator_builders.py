@@ -27,7 +27,7 @@ def spec_of(**overrides) -> ChatTTSDeploymentSpec:
 def deployment_of(spec: ChatTTSDeploymentSpec, settings: OperatorSettings = SETTINGS, replicas: int = 1) -> dict:
     cm = builders.build_configmap(OWNER, spec)
     return builders.build_deployment(OWNER, spec, assign_gpu(spec.gpu, settings), settings,
-                                     config_hash_value=builders.config_hash(cm), replicas=replicas)
+                                     config_hash_value=builders.config_hash(cm["data"]), replicas=replicas)
 
 
 def pod(dep: dict) -> dict:
@@ -52,7 +52,9 @@ def test_names_labels_and_owner():
             "controller": True, "blockOwnerDeletion": True,
         }]
         assert meta["annotations"][builders.INTENT_HASH_ANNOTATION]
-    assert builders.build_configmap(OWNER, spec)["metadata"]["name"] == "tts-runtime"
+    configmap = builders.build_configmap(OWNER, spec)
+    assert configmap["metadata"]["name"] == f"tts-runtime-{builders.config_hash(configmap['data'])}"
+    assert builders.mounted_configmap(deployment_of(spec)) == configmap["metadata"]["name"]
     assert deployment_of(spec)["metadata"]["name"] == "tts"
 
 

@@ -32,7 +32,7 @@ SHORT_NAMES = ["ctd"]
 SCOPE = "Namespaced"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Child names are "<name>" and "<name>-runtime"; the name is also a label value (63 max)
+# Child names are "<name>" and "<name>-runtime-<config hash>"; the name is also a label value (63 max)
 # and the Deployment's pods append "-<hash>-<suffix>" (up to 17 more characters).
 MAX_NAME_LENGTH = 45
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035: the name is also the Service's name.

@@ -103,6 +103,7 @@ _PATHS: dict[str, tuple[str, str, bool]] = {
     "Event": ("/api/v1", "events", True),
     "Node": ("/api/v1", "nodes", False),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "Job": ("/apis/batch/v1", "jobs", True),

@@ -184,6 +184,11 @@ class ChildCache:
                  if all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
         return sorted(found, key=lambda obj: obj["metadata"]["name"])
 
+    def listed(self, kind: str, namespace: str) -> bool:
+        """Whether the watch of ``kind`` covering ``namespace`` has listed (``items`` is complete)."""
+        event = self._synced.get((kind, None if not self.namespaces else namespace))
+        return bool(self.watches) and event is not None and event.is_set()
+
     def size(self) -> int:
         return sum(len(objects) for objects in self._objects.values())
 

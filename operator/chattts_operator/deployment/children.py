@@ -57,8 +57,23 @@ def service_name(name: str) -> str:
     return name
 
 
-def configmap_name(name: str) -> str:
-    return f"{name}-runtime"
+RUNTIME_CONFIGMAP_INFIX = "-runtime"
+CONFIG_HASH_LENGTH = 16
+CONFIG_VOLUME = "config"
+
+
+def configmap_name(name: str, config_hash_value: str) -> str:
+    """Content-addressed: the name carries the hash of the config it holds, so a new config is
+    a new ConfigMap that the Deployment's pod template names. The ConfigMap and the Deployment
+    can then be applied at the same time: a pod that starts before its ConfigMap exists waits
+    for its volume, it never runs with another config."""
+    return f"{name}{RUNTIME_CONFIGMAP_INFIX}-{config_hash_value}"
+
+
+def is_runtime_configmap_name(owner_name: str, name: str) -> bool:
+    """One of ``owner_name``'s runtime ConfigMaps, hashed or of the layout before (``<name>-runtime``)."""
+    prefix = f"{owner_name}{RUNTIME_CONFIGMAP_INFIX}"
+    return name == prefix or (name.startswith(prefix + "-") and len(name) == len(prefix) + 1 + CONFIG_HASH_LENGTH)
 
 
 def pdb_name(name: str) -> str:
@@ -151,17 +166,31 @@ def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
     )
 
 
+def config_hash(data: dict[str, str]) -> str:
+    """The hash of a runtime ConfigMap's data: its name's suffix and the pod template's annotation."""
+    return stable_hash(data, CONFIG_HASH_LENGTH)
+
+
 def build_configmap(owner: Owner, spec: ChatTTSDeploymentSpec) -> dict[str, Any]:
+    """The runtime config, immutable: its name changes with its content (``configmap_name``), so
+    the data of a name never changes (and the kubelets need not watch it)."""
+    data = {CONFIG_KEY: runtime_config(spec).to_yaml()}
     return with_intent_hash({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(owner, configmap_name(owner.name)),
-        "data": {CONFIG_KEY: runtime_config(spec).to_yaml()},
+        "metadata": _metadata(owner, configmap_name(owner.name, config_hash(data))),
+        "immutable": True,
+        "data": data,
     })
 
 
-def config_hash(configmap: dict[str, Any]) -> str:
-    return stable_hash(configmap["data"])
+def mounted_configmap(workload: dict[str, Any]) -> str | None:
+    """The runtime ConfigMap a Deployment's or ReplicaSet's pod template mounts."""
+    volumes = (((workload.get("spec") or {}).get("template") or {}).get("spec") or {}).get("volumes") or []
+    for volume in volumes:
+        if volume.get("name") == CONFIG_VOLUME:
+            return (volume.get("configMap") or {}).get("name")
+    return None
 
 
 # --- Deployment ------------------------------------------------------------------------
@@ -216,15 +245,16 @@ def build_deployment(
     model_volume, model_mount = _model_volume(spec)
     volumes: list[dict[str, Any]] = [
         {
-            "name": "config",
-            "configMap": {"name": configmap_name(owner.name), "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
+            "name": CONFIG_VOLUME,
+            "configMap": {"name": configmap_name(owner.name, config_hash_value),
+                          "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
         },
         model_volume,
         # The only writable path: caches (HF, vLLM, Triton, inductor) live under /tmp.
         {"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
         model_mount,
         {"name": "scratch", "mountPath": "/tmp"},
     ]
@@ -307,7 +337,7 @@ def build_deployment(
             "template": {
                 "metadata": {
                     "labels": child_labels(owner.name),
-                    # A config change changes the template, so the pods roll.
+                    # Says which config the pods run (the ConfigMap's name carries it too).
                     "annotations": {CONFIG_HASH_ANNOTATION: config_hash_value},
                 },
                 "spec": pod_spec,

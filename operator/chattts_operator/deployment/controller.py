@@ -45,7 +45,12 @@ from chattts_operator.core.kube import Kube, NodeGpuCache, is_newer
 from chattts_operator.core.labels import LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ChildCache
-from chattts_operator.deployment.children import Owner, build_resource_claim_template, network_policy_name
+from chattts_operator.deployment.children import (
+    Owner,
+    build_resource_claim_template,
+    mounted_configmap,
+    network_policy_name,
+)
 from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
     DraRequest,
@@ -57,7 +62,14 @@ from chattts_operator.deployment.gpu import (
 from chattts_operator.deployment.quantization import COMPONENT as QUANTIZE_COMPONENT
 from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
 from chattts_operator.deployment.quantization import labels_for as quantization_labels
-from chattts_operator.deployment.spec import Desired, InvalidSpec, desired_state, needs_apply, parse_spec
+from chattts_operator.deployment.spec import (
+    Desired,
+    InvalidSpec,
+    desired_state,
+    needs_apply,
+    parse_spec,
+    stale_runtime_configmaps,
+)
 from chattts_operator.deployment.status import (
     SECRET_FOUND,
     SECRET_MISSING,
@@ -83,7 +95,9 @@ RETRY_SECONDS = 5.0
 # while spec changes of other objects waited for it. Spec changes themselves do not wait.
 CHILD_EVENT_COALESCE_SECONDS = 0.25
 # What the operator owns (all labelled MANAGED_SELECTOR), and the serving pods, cached by watches.
-CACHED_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Pod")
+# The Deployments' ReplicaSets (their pod templates carry our labels) tell which runtime
+# ConfigMaps a revision still mounts.
+CACHED_KINDS = ("ConfigMap", "Deployment", "ReplicaSet", "Service", "PodDisruptionBudget", "NetworkPolicy", "Pod")
 
 
 @dataclass
@@ -161,10 +175,15 @@ class DeploymentController:
         apply): reconcile its owner CHILD_EVENT_COALESCE_SECONDS later in a task of its own (the
         watch keeps reading); the events of one object meanwhile make that one run, which reads
         only the cache."""
-        key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
+        if kind == "ReplicaSet":
+            # Only a pruned revision matters here (its ConfigMap may go); the Deployment's own
+            # events tell a rollout's progress.
+            key = pod_owner_key(obj) if event_type == "DELETED" else None
+        else:
+            key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
-        if event_type == "DELETED" and kind != "Pod":
+        if event_type == "DELETED" and kind not in ("Pod", "ReplicaSet"):  # a pruned revision is routine
             # Owner references collect the children of a deleted object; a deletion that kopf's
             # watch never delivered (it relisted after a disconnect, and a relist reports no
             # deletions) would otherwise have us re-create them, again and again.
@@ -308,35 +327,12 @@ class DeploymentController:
         quantization = await self._reconcile_quantization(body, spec, previous_status)
         desired = self._desired(key, body, spec, quantization, await self.nodes.largest_gpu_mib())
         observed = Observed(live_deployment=None)
-        applied_any = False
-        for child in desired.children():
-            kind = child["kind"]
-            live = await self.cache.get(kind, child["metadata"]["namespace"], child["metadata"]["name"])
-            if needs_apply(child, live):
-                try:
-                    live = await self.kube.apply(child)
-                except ApiException as err:
-                    if err.status in (409, 429) or err.status >= 500:
-                        raise  # transient: kopf or the next trigger retries
-                    # Refused (e.g. a field this cluster does not support): say so in status and
-                    # apply nothing after it (a Deployment must not run ahead of its ConfigMap).
-                    observed.apply_error = (f"applying {kind} {child['metadata']['name']}: {err.status} "
-                                            f"{_api_message(err)}")
-                    log.warning("%s/%s: %s", *key, observed.apply_error)
-                    break
-                self.cache.remember(live)
-                metrics.CHILD_WRITES.labels(kind).inc()
-                applied_any = True
-            if kind == "Deployment":
-                observed.live_deployment = live
-                observed.deployment_applied = True
-                slot = self._slots.get(key)
-                if slot is not None and slot.change_seen_at is not None:
-                    metrics.SPEC_CHANGE_SECONDS.observe(time.monotonic() - slot.change_seen_at)
-                    slot.change_seen_at = None
+        applied_any = await self._apply_children(key, desired, observed)
         if desired.network_policy is None and await self._prune_network_policy(desired.owner):
             applied_any = True
         if await self._reconcile_claims(desired, previous_status, observed):
+            applied_any = True
+        if await self._prune_runtime_configmaps(desired, observed):
             applied_any = True
         if desired.spec.auth is not None:
             observed.api_keys_secret = await self._api_keys_secret(desired.owner.namespace,
@@ -364,6 +360,66 @@ class DeploymentController:
         if applied_any:
             return "applied"
         return "blocked" if not desired.rollout_allowed else "noop"
+
+    async def _apply_children(self, key: Key, desired: Desired, observed: Observed) -> bool:
+        """Server-side apply every child that differs from its cached self, all at once (the
+        ConfigMap is content-addressed: the Deployment may land first, its new pods wait for
+        their volume). A refusal (e.g. a field this cluster does not support) goes to status;
+        a transient error is raised once the others' answers are stored. True when any was applied."""
+        wanted = desired.children()
+        lives = [await self.cache.get(c["kind"], c["metadata"]["namespace"], c["metadata"]["name"]) for c in wanted]
+        stale = [i for i, (child, live) in enumerate(zip(wanted, lives)) if needs_apply(child, live)]
+        answers = await asyncio.gather(*(self.kube.apply(wanted[i]) for i in stale), return_exceptions=True)
+        transient: BaseException | None = None
+        refused: set[str] = set()
+        for i, answer in zip(stale, answers):
+            kind, name = wanted[i]["kind"], wanted[i]["metadata"]["name"]
+            if isinstance(answer, ApiException) and not (answer.status in (409, 429) or answer.status >= 500):
+                observed.apply_error = observed.apply_error or f"applying {kind} {name}: {answer.status} {_api_message(answer)}"
+                log.warning("%s/%s: applying %s %s: %s %s", *key, kind, name, answer.status, _api_message(answer))
+                refused.add(kind)
+            elif isinstance(answer, BaseException):
+                transient = transient or answer  # the next trigger, or the retry, applies it
+            else:
+                self.cache.remember(answer)
+                metrics.CHILD_WRITES.labels(kind).inc()
+                lives[i] = answer
+        if transient is not None:
+            raise transient
+        for child, live in zip(wanted, lives):
+            if child["kind"] == "Deployment" and "Deployment" not in refused:
+                observed.live_deployment = live
+                # Its generation is applied only with its config and claim template.
+                observed.deployment_applied = not refused & {"ConfigMap", "ResourceClaimTemplate"}
+                slot = self._slots.get(key)
+                if slot is not None and slot.change_seen_at is not None:
+                    metrics.SPEC_CHANGE_SECONDS.observe(time.monotonic() - slot.change_seen_at)
+                    slot.change_seen_at = None
+        return bool(stale) and len(refused) < len(stale)
+
+    async def _prune_runtime_configmaps(self, desired: Desired, observed: Observed) -> bool:
+        """Delete the runtime ConfigMaps no ReplicaSet of the Deployment mounts any more (spec.py
+        ``stale_runtime_configmaps``), read from the cache: no request unless one goes, and
+        nothing before the ReplicaSets' watch has listed. True when one was deleted."""
+        owner = desired.owner
+        if not self.cache.listed("ReplicaSet", owner.namespace) or not self.cache.listed("ConfigMap", owner.namespace):
+            return False
+        labels = selector_labels(owner.name)
+        live = observed.live_deployment or await self.cache.get("Deployment", owner.namespace, owner.name)
+        in_use = {desired.configmap["metadata"]["name"], mounted_configmap(live or {}) or ""}
+        stale = stale_runtime_configmaps(owner, in_use, self.cache.items("ConfigMap", owner.namespace, labels),
+                                         self.cache.items("ReplicaSet", owner.namespace, labels))
+        configmaps = {cm["metadata"]["name"]: cm for cm in self.cache.items("ConfigMap", owner.namespace, labels)}
+        for name in stale:
+            # Forgotten first: the echo of our own delete is no child vanishing (nothing to check).
+            self.cache.forget("ConfigMap", owner.namespace, name)
+            try:
+                await self.kube.delete("ConfigMap", owner.namespace, name)
+            except BaseException:
+                self.cache.remember(configmaps[name])  # still there: the next reconcile tries again
+                raise
+            metrics.CHILD_WRITES.labels("ConfigMap").inc()
+        return bool(stale)
 
     def _parsed_spec(self, key: Key, body: dict[str, Any]) -> ChatTTSDeploymentSpec:
         """The validated spec, parsed once per generation (the spec changes only with it)."""

@@ -13,12 +13,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chattts_operator.api.chattts import ChatTTSDeploymentSpec, parse_quantity, validate_name
+from chattts_operator.api.chattts import KIND, ChatTTSDeploymentSpec, parse_quantity, validate_name
 from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
 from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import (
     Owner,
+    deployment_name,
+    is_runtime_configmap_name,
+    mounted_configmap,
     build_configmap,
     build_deployment,
     build_network_policy,
@@ -114,14 +117,16 @@ class Desired:
         return self.capacity.fits
 
     def children(self) -> list[dict[str, Any]]:
-        """The objects to apply, in order: the ConfigMap before the Deployment that mounts it.
-        A blocked spec applies only the Service, the PDB and the NetworkPolicy (they cannot
-        break serving pods)."""
+        """The objects to apply, all at the same time: the ConfigMap and the ResourceClaimTemplate
+        are content-addressed (a new content is a new name, which the pod template names), so a
+        pod that starts before them waits for them and never runs with another config. A
+        blocked spec applies only the Service, the PDB and the NetworkPolicy (they cannot break
+        serving pods)."""
         out = []
         if self.rollout_allowed:
             out.append(self.configmap)
             if self.resource_claim_template is not None:
-                out.append(self.resource_claim_template)  # before the pods that reference it
+                out.append(self.resource_claim_template)
             assert self.deployment is not None
             out.append(self.deployment)
         out += [self.service, self.pdb]
@@ -142,7 +147,7 @@ def desired_state(
     spec = effective_spec(body, spec)  # the autoscaler's tuned maxNumBatchedTokens, when opted in
     replicas, replica_note = effective_replicas(body, spec)
     configmap = build_configmap(owner, spec)
-    chash = config_hash(configmap)
+    chash = config_hash(configmap["data"])
     gpu: GpuAssignment | None = None
     plan: MemoryPlanResult | None = None
     try:
@@ -238,3 +243,31 @@ def needs_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     if live_hash != desired["metadata"]["annotations"][INTENT_HASH_ANNOTATION]:
         return True
     return not is_subset(desired, live)
+
+
+# --- runtime ConfigMaps no one needs any more ----------------------------------------------
+
+
+def _controlled_by(obj: dict[str, Any], kind: str, name: str, uid: str | None = None) -> bool:
+    return any(ref.get("kind") == kind and ref.get("name") == name and ref.get("controller")
+               and (uid is None or ref.get("uid") == uid)
+               for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def stale_runtime_configmaps(owner: Owner, in_use: set[str], configmaps: list[dict[str, Any]],
+                             replicasets: list[dict[str, Any]]) -> list[str]:
+    """Names of ``owner``'s runtime ConfigMaps that nothing needs any more: not in ``in_use``
+    (the one wanted now, the one the live Deployment mounts) and mounted by no ReplicaSet of
+    its Deployment that still exists. Scaled-down ReplicaSets count too: the Deployment keeps
+    ``revisionHistoryLimit`` of them, so every revision ``kubectl rollout undo`` can go back to
+    finds its config, and a ConfigMap goes when the Deployment prunes its last ReplicaSet.
+    Only ConfigMaps this object controls (owner uid) with a runtime ConfigMap's name."""
+    kept = set(in_use)
+    for rs in replicasets:
+        if _controlled_by(rs, "Deployment", deployment_name(owner.name)):
+            kept.add(mounted_configmap(rs) or "")
+    return sorted(cm["metadata"]["name"] for cm in configmaps
+                  if is_runtime_configmap_name(owner.name, cm["metadata"]["name"])
+                  and _controlled_by(cm, KIND, owner.name, owner.uid)
+                  and cm["metadata"]["name"] not in kept
+                  and not cm["metadata"].get("deletionTimestamp"))

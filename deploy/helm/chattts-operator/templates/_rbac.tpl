@@ -3,7 +3,8 @@ RBAC rules, derived from the API calls in operator/chattts_operator (each rule n
 callers). Verbs: kopf watches need list+watch; server-side apply needs patch, and create
 when the object does not exist yet; kopf keeps its progress annotations and finalizers with
 patch. Children are removed by the garbage collector (owner references), so no delete,
-except the NetworkPolicy, which the operator removes itself when spec.networkPolicy goes.
+except the NetworkPolicy, which the operator removes itself when spec.networkPolicy goes, and
+old runtime ConfigMaps, once no revision of the Deployment mounts them.
 tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 */}}
 
@@ -43,11 +44,12 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 
 {{/* Rules inside the watched namespaces (every namespace when watchNamespaces is empty). */}}
 {{- define "chattts-operator.namespacedRules" -}}
-# deployment/controller.py: list+watch (no single reads), kopf annotations/finalizer;
+# deployment/controller.py: list+watch, and one get when a child vanished (does its owner still
+# exist?), kopf annotations/finalizer;
 # sharepolicy/controller.py: replica-cap annotations on member ChatTTSDeployments.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # deployment/controller.py and autoscaling/controller.py write status.
 - apiGroups: ["tts.chattts.io"]
   resources: ["chattsdeployments/status"]
@@ -64,14 +66,24 @@ tests/helm/test_rbac_cluster.py runs the operator under exactly these rules.
 # deployment/controller.py: server-side apply of the children, read from a label-selected
 # list+watch cache (core/watch.py ChildCache; get only while a watch has never listed).
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
+  resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The runtime ConfigMap is content-addressed (<name>-runtime-<hash>): a config change is a new
+# one, and the operator deletes those of its own that no ReplicaSet of the Deployment mounts any more.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# deployment/controller.py: which runtime ConfigMaps the Deployment's revisions still mount
+# (the ChildCache's label-selected watch; never written).
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list", "watch"]
 # deployment/controller.py: the NetworkPolicy child (spec.networkPolicy), server-side applied like
 # the others, and deleted when the section is removed or disabled (its owner still lives).
 - apiGroups: ["networking.k8s.io"]
