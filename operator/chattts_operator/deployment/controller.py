@@ -355,7 +355,12 @@ class DeploymentController:
             status["quantization"] = quantization.status
         elif previous_status.get("quantization") is not None:
             status["quantization"] = None
-        if status_changed(status, previous_status):
+        slot = self._slots.get(key)
+        writing = slot is not None and slot.status_writer is not None and not slot.status_writer.done()
+        if writing or status_changed(status, previous_status):
+            # While a status computed from an older view still waits or is being written, this one
+            # follows it even when it equals what this reconcile read (the writer skips it if it
+            # then equals what is live): else the older one would be the last word.
             self._queue_status(key, status)
         if applied_any:
             return "applied"
