@@ -264,8 +264,10 @@ def _plan_runtime_engine(shape: ModelShape, weight_format: WeightFormat, engine:
             # the Decoder path's hidden states per slot, 16-bit
             "hiddenHistory": _mib((seqs + 1) * length * shape.hidden_size * BYTES_16BIT),
             "prefillPool": _mib(prefill_bytes),
-            # the voice-sample codes a prefill may embed after a prompt (a long input's first piece), int64
-            "voiceSampleCodes": _mib(prefill_rows * length * FRAME_HISTORY_BYTES_PER_TOKEN),
+            # the voice-sample codes a prefill may embed after a prompt (a long input's first piece): the
+            # int64 codes, and their float32 embeddings (the sum and one codebook's) in the captured prefill
+            "voiceSampleCodes": _mib(prefill_rows * length * FRAME_HISTORY_BYTES_PER_TOKEN
+                                     + prefill_rows * prompt_tokens * shape.hidden_size * BYTES_FLOAT32 * 2),
             "audioPool": _mib(audio_bytes),
             "speechApiDecode": _mib(length * AUDIO_BYTES_PER_FRAME),  # one whole non-streamed response
             "cudaContexts": CUDA_CONTEXT_MIB * copies,
