@@ -370,7 +370,8 @@ def decide(
     scale-up unless the replicas are idle (nothing running or waiting, no request in the
     window). Scale-downs themselves leave 3 sigma of Poisson noise of room
     (``shrink_headroom``) over the highest load of the down-stabilization window, so the
-    load that follows a scale-down rarely asks for the replica back.
+    load that follows a scale-down rarely asks for the replica back; growth leaves 1.5 sigma
+    (``growth_headroom``), so the band between the two is the hysteresis.
 
     ``quick_rebound`` is ``forecast.DemandHistory.quick_rebound``: False when the last hour's
     demand record holds no deep dip that came back within the reversal guard. Then a deep drop
