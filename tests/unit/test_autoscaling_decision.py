@@ -7,7 +7,7 @@ import pytest
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling import FleetSample, History, decide, per_replica_load_limit
-from chattts_operator.autoscaling.decision import fleet_demand
+from chattts_operator.autoscaling.decision import fleet_demand, growth_headroom
 
 NOW = 1_000_000.0
 SLOTS = 16.0
@@ -130,17 +130,22 @@ def test_unreachable_pods_block_scale_down_but_not_scale_up():
 @pytest.mark.parametrize(
     "demand,current,expected",
     [
-        (8.0, 1, 1),  # 8 < 8.18: one replica carries it
+        (4.0, 1, 1),  # 4 + 1.5 sigma = 7.0 fits one replica (8.18)
+        (5.0, 1, 2),  # 5 + 1.5 sigma = 8.35 does not: a second replica before a rise
+        (8.0, 1, 2),  # 8 < 8.18 fits one replica, not with 1.5 sigma of its noise (12.2)
         (9.0, 1, 2),
-        (40.0, 2, 4),  # scale-up policy: at most +100% or +4 per 15 s -> max(4, 6) = 6, needed 5
-        (40.0, 5, 5),
-        (80.0, 5, 9),  # needed ceil(80/8.18) = 10, policy: 5 + max(5, 4) = 10
+        (40.0, 2, 6),  # grown for 49.5: 7; scale-up policy: at most +100% or +4 per 15 s -> 6
+        (40.0, 5, 7),
+        (80.0, 5, 10),  # grown for 93.4: 12, policy: 5 + max(5, 4) = 10
     ],
 )
-def test_scale_up_follows_demand_over_the_per_replica_limit(demand, current, expected):
+def test_scale_up_follows_demand_plus_noise_over_the_per_replica_limit(demand, current, expected):
     needed = math.ceil(demand / LIMIT)
+    grown = max(needed, math.ceil(growth_headroom(demand) / LIMIT))
     decision = decide(spec(), current, steady(running=demand, ready=current), History(), NOW)
-    assert decision.desired_replicas == min(max(needed, current), 10, current + max(current, 4))
+    assert decision.desired_replicas == min(max(grown, current), 10, current + max(current, 4))
+    assert decision.desired_replicas == expected
+    assert decision.sized == max(needed, 1)  # the forecast records what the load needs, no margin
     if expected != current:
         assert decision.reason == "ScaleUp"
 
@@ -184,11 +189,12 @@ def test_shrink_needs_room_for_noise_and_the_tolerance_band():
 
 
 def test_noise_in_one_sample_does_not_scale_up_but_a_sustained_burst_does():
-    calm = steady(running=15.0, ready=2)
-    noisy = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 20.0})]
+    calm = steady(running=10.0, ready=2)  # 10 + 1.5 sigma = 14.7: two replicas (16.4) carry it
+    noisy = calm[:-1] + [FleetSample(**{**calm[-1].__dict__, "requests_running": 14.0})]
     assert decide(spec(), 2, noisy, History(), NOW).desired_replicas == 2
     burst = calm[:-2] + [FleetSample(**{**x.__dict__, "requests_running": 45.0}) for x in calm[-2:]]
-    assert decide(spec(), 2, burst, History(), NOW).desired_replicas == math.ceil(45.0 / LIMIT)
+    # Grown for 45 + 1.5 sigma (7 replicas), as far as the scale-up policy allows from 2 (+4).
+    assert decide(spec(), 2, burst, History(), NOW).desired_replicas == min(math.ceil(growth_headroom(45.0) / LIMIT), 6)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +316,7 @@ def test_decide_rejects_bad_arguments():
 def test_steady_load_makes_no_change_over_an_hour():
     """Replaying a constant load for an hour: the decision never moves (no flapping)."""
     s = spec()
-    history, current, samples = History(), 3, []
+    history, current, samples = History(), 4, []  # 4 carry 18 + 1.5 sigma (24.4 > 3 x 8.18)
     changes = 0
     for i in range(240):
         now = NOW + 15.0 * i
@@ -324,4 +330,4 @@ def test_steady_load_makes_no_change_over_an_hour():
         changes += decision.desired_replicas != current
         current = decision.desired_replicas
     assert changes == 0
-    assert current == 3
+    assert current == 4

@@ -209,6 +209,16 @@ def demand_ahead(samples: Sequence[FleetSample]) -> float:
     return known[-1] + max(known[-1] - known[-2], 0.0)
 
 
+# Sigmas of Poisson noise a fleet is grown to carry beyond its level (shrink_headroom keeps 3):
+# 1.5 is the largest tried (1.5, 2, 3) with no quick reversal on any trace and calibration.
+GROWTH_SIGMAS = 1.5
+
+
+def growth_headroom(level: float) -> float:
+    """Load a fleet is grown to carry: the level plus GROWTH_SIGMAS of Poisson noise."""
+    return level + GROWTH_SIGMAS * math.sqrt(max(level, 0.0))
+
+
 def shrink_headroom(level: float) -> float:
     """Load a smaller fleet must still carry: the level plus 3 sigma of Poisson noise.
     Scale-downs that leave no room for ordinary noise are reversed minutes later."""
@@ -261,8 +271,15 @@ def raw_recommendation(
         if recommended <= current and ready >= current:
             recommended = current + 1
         return max(recommended, current), f"wait {format_duration(wait)} above target; {why}", max(needed, 1)
-    if needed > current:
-        return needed, why, needed
+    # Grow to carry the level plus 1.5 sigma of its Poisson noise (shrinking keeps 3 sigma and
+    # the tolerance: the band between them is the hysteresis). At a low load it holds a second
+    # replica before a rise: a crowd that finds one Ready replica queues on it through a whole
+    # cold start, and a Service never moves what queued there.
+    grow_to = max(needed, math.ceil(growth_headroom(grow_level) / limit - 1e-9))
+    if grow_to > current:
+        if grow_to > needed:
+            why += f"; room for {GROWTH_SIGMAS:g} sigma of noise"
+        return grow_to, why, needed
     # Shrink only when the smaller fleet still carries the level plus its noise, and
     # never at the knee (wait near target): one replica less would push the wait over.
     # Never below what growth would ask for at once (requests in flight now).
@@ -353,7 +370,8 @@ def decide(
     scale-up unless the replicas are idle (nothing running or waiting, no request in the
     window). Scale-downs themselves leave 3 sigma of Poisson noise of room
     (``shrink_headroom``) over the highest load of the down-stabilization window, so the
-    load that follows a scale-down rarely asks for the replica back.
+    load that follows a scale-down rarely asks for the replica back; growth leaves 1.5 sigma
+    (``growth_headroom``), so the band between the two is the hysteresis.
 
     ``quick_rebound`` is ``forecast.DemandHistory.quick_rebound``: False when the last hour's
     demand record holds no deep dip that came back within the reversal guard. Then a deep drop
@@ -424,7 +442,8 @@ def decide(
 
     behavior = spec.behavior
     down_window = behavior.scale_down.stabilization_window_seconds
-    if quick_rebound is False and 2 * recommendation <= current_replicas:
+    # A drop of one replica is never deep (2 -> 1 is what noise does at a low load).
+    if quick_rebound is False and 2 * recommendation <= current_replicas and current_replicas - recommendation >= 2:
         # A deep drop is no noise, and the last hour shows no load that came back that soon.
         down_window = min(down_window, spec.deep_drop_window_seconds)
         if down_window < behavior.scale_down.stabilization_window_seconds:
