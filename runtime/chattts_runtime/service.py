@@ -274,14 +274,13 @@ class SpeechService:
         if not synthesis.more or synthesis.sample is not None or not self._voices_from_first_piece:
             return
         first = synthesis.request
-        # The sample rides in every piece's context: it may take what the tightest piece leaves beside its
-        # own prompt (with the sample's text) and its budgeted frames. A first piece that runs longer than
-        # that (its budget is above ChatTTS's pace) is cut there for the sample only.
+        # The sample rides in every piece's context: it may take half of what the tightest piece's prompt
+        # (with the sample's text) leaves, the other half stays for that piece's own frames. A first piece
+        # that runs longer is cut there for the sample only.
         budget = self.frontend.budget
-        room = min(budget.max_model_len - 1 - len(p.input_ids) - budget.frames_needed(p.text_tokens, synthesis.speed)
-                   for p in (self.model.tokenizer.build(text, with_speaker=first.speaker is not None,
-                                                        speed=synthesis.speed, sample_text=synthesis.texts[0])
-                             for text in synthesis.texts))
+        room = min(budget.max_model_len - 1 - len(self.model.tokenizer.build(
+            text, with_speaker=first.speaker is not None, speed=synthesis.speed,
+            sample_text=synthesis.texts[0]).input_ids) for text in synthesis.texts) // 2
         if room < 1:
             raise APIError(400, f"the pieces of this input leave no room in max_model_len {budget.max_model_len} "
                            "for the first piece's voice sample: shorten the first sentence (or turn "
