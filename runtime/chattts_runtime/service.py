@@ -312,11 +312,9 @@ class SpeechService:
 
     def _encode_voice(self, audio: np.ndarray) -> np.ndarray:
         """Audio -> its codes ``[T, num_vq]`` by the DVAE encoder (upstream's ``sample_audio_speaker``)."""
-        import torch  # noqa: PLC0415
+        from chattts_runtime.voices import clip_codes  # noqa: PLC0415
 
-        with torch.inference_mode():
-            codes = self.model.encoder(torch.from_numpy(np.ascontiguousarray(audio)).to(self.model.device))
-        return codes.cpu().numpy().T.copy()
+        return clip_codes(self.model, audio).T.copy()
 
     async def run_model(self, fn, *args):
         """``fn(*args)`` on the refine worker: model work besides the engine, off the event loop."""

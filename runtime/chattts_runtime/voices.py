@@ -50,12 +50,18 @@ def clip_from_payload(payload: object) -> np.ndarray:
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
 
 
-def encode_clip(model, samples: np.ndarray) -> dict:
-    """Samples -> the voice object (runs the encoder: call it off the event loop)."""
+def clip_codes(model, samples: np.ndarray) -> np.ndarray:
+    """Samples -> the DVAE encoder's codes ``[num_vq, T]`` (upstream's ``sample_audio``; off the event loop)."""
     import torch  # noqa: PLC0415
 
+    with torch.inference_mode():
+        return model.encoder(torch.from_numpy(np.ascontiguousarray(samples)).to(model.device)).cpu().numpy()
+
+
+def encode_clip(model, samples: np.ndarray) -> dict:
+    """Samples -> the voice object (runs the encoder: call it off the event loop)."""
     from chattts_runtime.model.encoder import encode_sample_codes  # noqa: PLC0415
 
-    codes = model.encoder(torch.from_numpy(samples).to(model.device)).cpu().numpy()
+    codes = clip_codes(model, samples)
     return {"object": "voice", "speaker_sample": encode_sample_codes(codes), "frames": int(codes.shape[1]),
             "seconds": round(len(samples) / SAMPLE_RATE, 3)}
