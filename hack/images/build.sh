@@ -5,7 +5,9 @@
 #   localhost/chattts-operator:<version>       build/images/chattts-operator-<version>.oci.tar
 #   localhost/chattts-runtime:<version>-cpu    build/images/chattts-runtime-<version>-cpu.oci.tar
 # Layers and the base rootfs are cached in ~/.cache/chattts-operator/images: a rebuild after a
-# code change reruns only the last steps.
+# code change reruns only the last steps. The store is pruned before and after each build: the
+# vfs driver keeps every layer as a full copy of the rootfs, so the chains of earlier builds
+# (untagged, childless) and the working containers of a failed build would fill the disk.
 # The CPU runtime image takes the +cpu torch wheel from the wheel folder hack/torch-wheels.sh
 # finds; without one pip takes PyPI's torch, the CUDA build (several GB more).
 # CHATTTS_IMAGES="operator runtime-cpu" picks which to build.
@@ -21,6 +23,13 @@ stamp() { echo "[images] $* ($((SECONDS - start)) s)"; }
 
 hack/images/setup-tools.sh
 hack/images/base.sh
+
+prune_store() {  # keeps the layers behind tagged images (the cache), drops everything else
+  buildah rm --all >/dev/null
+  podman image prune --force >/dev/null
+}
+
+prune_store
 mkdir -p "$images_out"
 revision="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
@@ -39,6 +48,7 @@ build() {  # build <name> <tag> <dockerfile> [buildah args...]
   podman save --quiet --format oci-archive -o "$archive" "$image"
   stamp "saved $archive ($(du -h "$archive" | cut -f1))"
   check_config "$archive"
+  prune_store
 }
 
 check_config() {  # the config the chart relies on (hack/images/check_config.py)
@@ -61,4 +71,4 @@ for which in ${CHATTTS_IMAGES:-operator runtime-cpu}; do
     *) echo "[images] unknown image $which (operator, runtime-cpu)" >&2; exit 2 ;;
   esac
 done
-stamp "done"
+stamp "done (image store: $(du -sh "$images_cache/storage" | cut -f1))"
