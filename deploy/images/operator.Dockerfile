@@ -13,10 +13,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/c
 WORKDIR /src
 # One distribution holds both packages; only the operator's light dependencies are installed
 # (the runtime's torch/vLLM stack is an optional extra and is imported lazily).
-COPY pyproject.toml README.md ./
+# Dependencies first, in their own layer, read from pyproject.toml alone: a code or README change
+# reinstalls only the package itself.
+COPY pyproject.toml ./
+RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > requirements.txt \
+ && python3 -m venv /opt/venv && /opt/venv/bin/pip install --quiet --requirement requirements.txt
+COPY README.md ./
 COPY operator/ operator/
 COPY runtime/ runtime/
-RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install --quiet .
+RUN /opt/venv/bin/pip install --quiet --no-deps .
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

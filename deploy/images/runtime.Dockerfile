@@ -23,13 +23,16 @@ ARG TORCH_WHEELS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
 # Dependencies first, in their own layer: a code change does not reinstall torch.
-COPY deploy/images/runtime.constraints.txt pyproject.toml README.md ./
+# Only what the dependency list is read from: README.md (the package's long description) changes
+# with nearly every commit and would make every build reinstall torch.
+COPY deploy/images/runtime.constraints.txt pyproject.toml ./
 RUN python3 -c 'import os, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 print("\n".join(p["dependencies"] + [r for e in os.environ["EXTRAS"].split(",") for r in p["optional-dependencies"][e]]))' \
       > requirements.txt \
  && python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --quiet --constraint runtime.constraints.txt \
       ${TORCH_WHEELS:+--find-links "$TORCH_WHEELS"} --requirement requirements.txt
+COPY README.md ./
 COPY operator/ operator/
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install --quiet --no-deps .
