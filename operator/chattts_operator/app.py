@@ -61,7 +61,10 @@ class App:
         obj = event.get("object")
         if isinstance(obj, dict) and obj.get("metadata"):
             deleted = event.get("type") == "DELETED"
-            self.deployments.observe_event(event.get("type"), copy.deepcopy(obj))
+            # The deployment controller only reads its bodies, and kopf never changes an event's
+            # object once parsed: it takes kopf's own (a deep copy per event was ~3% of the
+            # operator's CPU at 1,000 objects). The autoscaler writes its decision into its copy.
+            self.deployments.observe_event(event.get("type"), obj)
             self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
 
     async def stop(self) -> None:
