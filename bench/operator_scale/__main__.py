@@ -50,7 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--operator-module", default="chattts_operator",
                         help="what `python -m` runs as the operator: chattts_operator, or an experiment variant "
                              "such as bench.operator_scale.variant_bounded")
-    parser.add_argument("--profile", action="store_true", help="py-spy the operator during the create phases")
+    parser.add_argument("--reaction-compare", default="", metavar="SETTING=VALUE,...",
+                        help="after the reaction phase, restart the operator with these settings (e.g. "
+                             "event_loop=asyncio) and measure the reaction again: an A/B in the same run")
+    parser.add_argument("--profile", action="store_true", help="py-spy the operator during the create and reaction phases")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the bare writes (a confirming run of the later phases: no ratio then)")
     parser.add_argument("--cluster-name", default="opscale-bench")
@@ -98,6 +101,11 @@ async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, resu
             await phase("restart_none", bench.restart(managed, "no unrelated objects"))
             await phase("reaction", bench.reaction(f"bench-op-{managed}", managed, args.reaction_samples,
                                                    args.reaction_rate))
+            if args.reaction_compare:
+                compare = dict(pair.split("=", 1) for pair in args.reaction_compare.split(","))
+                await phase("restart_compare", bench.restart(managed, f"compare: {args.reaction_compare}", **compare))
+                await phase("reaction_compare", bench.reaction(f"bench-op-{managed}", managed, args.reaction_samples,
+                                                               args.reaction_rate, label="compare"))
             await phase("restart_short_resync", bench.restart(managed, f"resync every {interval} s",
                                                               resync_interval_seconds=interval))
             await phase("noop_resync", bench.noop_resync(managed, args.resync_interval))

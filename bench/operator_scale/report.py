@@ -43,10 +43,15 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{_fmt(noop.get('operator_writes_counted_by_operator'))}", "0"))
     out.append(("no-op resync: reads per object, pass duration (s)",
                 f"{_fmt(noop.get('reads_per_object'))}, {_fmt(noop.get('pass_seconds'))}", ""))
-    reaction = results.get("reaction") or {}
-    out.append((f"spec change -> Deployment updated, p50 / p99 (ms), {reaction.get('managed', '?')} managed",
-                f"{_fmt(reaction.get('p50_ms'))} / {_fmt(reaction.get('p99_ms'))}", ""))
-    for key in ("restart_none", "restart_short_resync", "restart_unrelated"):
+    for key, what in (("reaction", ""), ("reaction_compare", f" ({(results.get('restart_compare') or {}).get('label')})")):
+        reaction = results.get(key) or {}
+        if key == "reaction" or "p50_ms" in reaction:
+            out.append((f"spec change -> Deployment updated, p50 / p99 (ms), {reaction.get('managed', '?')} managed{what}",
+                        f"{_fmt(reaction.get('p50_ms'))} / {_fmt(reaction.get('p99_ms'))}", "p99 <= 1000"))
+            out.append((f"inside the operator: queued / built / applied, mean (ms); loop lag mean (ms){what}",
+                        " / ".join(_fmt(v) for v in (reaction.get("operator_stage_mean_ms") or {}).values())
+                        + f"; {_fmt(reaction.get('operator_loop_lag_mean_ms'))}", ""))
+    for key in ("restart_none", "restart_compare", "restart_short_resync", "restart_unrelated"):
         r = results.get(key) or {}
         if "label" not in r:
             continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -217,7 +218,10 @@ class Bench:
         return result
 
     def _start_profiler(self, op: OperatorProcess, label: str) -> subprocess.Popen | None:
+        # py-spy next to this Python, else $PY_SPY (a venv of its own: the shared ones stay as they are)
         py_spy = Path(sys.executable).parent / "py-spy"
+        if not py_spy.exists():
+            py_spy = Path(os.environ.get("PY_SPY", "/nonexistent"))
         if not py_spy.exists():
             log("py-spy not installed: no profile")
             return None
@@ -320,7 +324,8 @@ class Bench:
 
     # --- phase: reaction time ---------------------------------------------------------------------------
 
-    async def reaction(self, namespace: str, managed: int, samples: int, rate: float) -> dict[str, Any]:
+    async def reaction(self, namespace: str, managed: int, samples: int, rate: float,
+                       label: str = "") -> dict[str, Any]:
         tracker = await NamespaceTracker(self.api, namespace).start()
         names = [workload.ctd_name(i) for i in range(managed)]
         stride = max(1, managed // samples)
@@ -330,6 +335,8 @@ class Bench:
         before = await self.api_counts()
         inside_before = self._spec_change_histogram()
         seconds_before = apimetrics.parse_request_seconds(await self.api.text("/metrics"))
+        cpu_before = self.operator.proc_sample().cpu_seconds
+        profiler = self._start_profiler(self.operator, "-".join(filter(None, ("reaction", label)))) if self.profile else None
 
         async def change(i: int, name: str) -> None:
             nonlocal missed
@@ -351,6 +358,9 @@ class Bench:
             tasks.append(asyncio.create_task(change(i, name)))
             await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.monotonic()))
         await asyncio.gather(*tasks)
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(timeout=60)
         window = apimetrics.delta(await self.api_counts(), before)
         attribution = apimetrics.attribute(window, bench_patches=len(tasks))
         inside = {k: v - inside_before.get(k, 0) for k, v in self._spec_change_histogram().items()}
@@ -373,6 +383,16 @@ class Bench:
                                                if le.startswith("<=") and inside.get("count")},
             "operator_update_reconcile_mean_ms": round(1000 * inside["reconcile_sum"] / inside["reconcile_count"], 1)
             if inside.get("reconcile_count") else None,
+            # The same span by stage: event -> reconcile start, -> desired state built, -> applied.
+            "operator_stage_mean_ms": {stage: round(1000 * inside[f"stage_{stage}_sum"] / inside[f"stage_{stage}_count"], 1)
+                                       for stage in ("queued", "built", "applied") if inside.get(f"stage_{stage}_count")},
+            # How late the operator's event loop ran a ready timer (its queueing), over the phase.
+            "operator_loop_lag_mean_ms": round(1000 * inside["loop_lag_sum"] / inside["loop_lag_count"], 2)
+            if inside.get("loop_lag_count") else None,
+            "operator_loop_lag_within": {k.removeprefix("loop_lag "): round(v / inside["loop_lag_count"], 3)
+                                         for k, v in inside.items() if k.startswith("loop_lag <=")
+                                         and inside.get("loop_lag_count")},
+            "operator_cpu_seconds": round(self.operator.proc_sample().cpu_seconds - cpu_before, 1),
             "apiserver_mean_ms": api_ms,  # the API server's own time per request, by kind
             "operator_requests_per_change": round(attribution.total / max(1, len(tasks)), 2),
             "operator_writes_per_change": round(attribution.writes / max(1, len(tasks)), 2),
@@ -394,6 +414,14 @@ class Bench:
             elif name.startswith("chattts_operator_reconcile_duration_seconds_") and dict(labels).get("trigger") == "update" \
                     and name.rsplit("_", 1)[1] in ("sum", "count"):
                 out["reconcile_" + name.rsplit("_", 1)[1]] = value
+            elif name.startswith("chattts_operator_spec_change_stage_seconds_") and name.rsplit("_", 1)[1] in ("sum", "count"):
+                out[f"stage_{dict(labels)['stage']}_{name.rsplit('_', 1)[1]}"] = value
+            elif name.startswith("chattts_operator_event_loop_lag_seconds_"):
+                suffix = name.rsplit("_", 1)[1]
+                if suffix in ("sum", "count"):
+                    out[f"loop_lag_{suffix}"] = value
+                elif suffix == "bucket" and dict(labels)["le"] in ("0.01", "0.05", "0.1", "0.25"):
+                    out[f"loop_lag <= {dict(labels)['le']} s"] = value
         return out
 
     # --- phase: unrelated objects ---------------------------------------------------------------------

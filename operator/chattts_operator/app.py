@@ -7,6 +7,8 @@ controllers wired to each other explicitly. ``handlers.py`` only forwards kopf's
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ class App:
     share_policies: SharePolicyController
     autoscaler: Autoscaler
     metrics_server: Any = None
+    loop_lag: asyncio.Task | None = None  # core/metrics.py watch_loop_lag
 
     def observe(self, event: Mapping[str, Any]) -> None:
         """Every watch event of a ChatTTSDeployment: the latest object, for the resync loop,
@@ -58,10 +61,17 @@ class App:
         obj = event.get("object")
         if isinstance(obj, dict) and obj.get("metadata"):
             deleted = event.get("type") == "DELETED"
-            self.deployments.observe_event(event.get("type"), copy.deepcopy(obj))
+            # The deployment controller only reads its bodies, and kopf never changes an event's
+            # object once parsed: it takes kopf's own (a deep copy per event was ~3% of the
+            # operator's CPU at 1,000 objects). The autoscaler writes its decision into its copy.
+            self.deployments.observe_event(event.get("type"), obj)
             self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
 
     async def stop(self) -> None:
+        if self.loop_lag is not None:
+            self.loop_lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.loop_lag
         await self.autoscaler.stop()
         await self.deployments.stop()
         await self.kube.close()
@@ -91,5 +101,6 @@ async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...
     # Port 0 picks a free port (tests run several operators in one process).
     server, _thread = metrics.serve(settings.metrics_port)
     app.metrics_server = server
+    app.loop_lag = asyncio.create_task(metrics.watch_loop_lag(), name="chattts-loop-lag")
     log.info("operator metrics on :%d/metrics", server.server_port)
     return app

@@ -9,8 +9,11 @@ operator before it connects to anything.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import sys
+from typing import Callable
 
 from chattts_operator.core.settings import OperatorSettings, SettingsError
 
@@ -66,11 +69,27 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handler success at INFO, a line per watch event of every object (~2% of
         # the CPU at 1,000 objects, findings F5); its warnings and errors still show.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    kopf.run(
+    operator = kopf.operator(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
         memo=kopf.Memo(watch_namespaces=namespaces),
     )
+    # kopf.run would take asyncio's default loop (kopf picks uvloop only in its own CLI).
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        with contextlib.suppress(asyncio.CancelledError):
+            runner.run(operator)
     return 0
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop the operator runs on: ``uvloop`` (when installed) or asyncio's (None)."""
+    if name == "uvloop":
+        try:
+            import uvloop  # noqa: PLC0415 - optional: asyncio's loop works too, only slower
+        except ImportError:
+            logging.getLogger("chattts_operator").warning("uvloop is not installed: running on asyncio's loop")
+            return None
+        return uvloop.new_event_loop
+    return None

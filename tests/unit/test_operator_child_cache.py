@@ -80,3 +80,24 @@ def test_the_instance_index_follows_relabels_relists_and_other_label_queries():
     asyncio.run(cache._list_handler("Pod", None)([obj("q", 5, kind="Pod", labels={instance: "b"})]))
     assert [p["metadata"]["name"] for p in cache.items("Pod", "ns", {instance: "b"})] == ["q"]
     assert cache._index["Pod"] == {("ns", "b"): {("ns", "q")}}
+
+
+def test_a_slimmer_decides_what_of_its_kind_is_kept_whichever_way_it_arrives():
+    def slim(o):
+        return {"apiVersion": o["apiVersion"], "kind": o["kind"], "metadata": o["metadata"]}
+
+    cache = ChildCache(kube=None, kinds=("ReplicaSet", "Pod"), namespaces=(), label_selector="x=y",
+                       slimmers={"ReplicaSet": slim})
+
+    def whole(name, rv, kind="ReplicaSet"):
+        return {**obj(name, rv, kind=kind), "spec": {"template": {"spec": {"containers": [{"name": "big"}]}}}}
+
+    asyncio.run(cache._event_handler("ReplicaSet")("ADDED", whole("watched", 1)))
+    asyncio.run(cache._list_handler("ReplicaSet", None)([whole("watched", 1), whole("listed", 2)]))
+    cache.remember(whole("listed", 3))
+    asyncio.run(cache._event_handler("Pod")("ADDED", whole("pod", 4, kind="Pod")))
+    for name in ("watched", "listed"):
+        kept = stored(cache, "ReplicaSet", name)
+        assert "spec" not in kept and "managedFields" not in kept["metadata"]
+    assert stored(cache, "ReplicaSet", "listed")["metadata"]["resourceVersion"] == "3"
+    assert "spec" in stored(cache, "Pod", "pod")  # other kinds are kept whole (but managedFields)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import yaml
 
 from chattts_operator import cli
+from chattts_operator.core.settings import OperatorSettings
 
 
 def test_crds_subcommand_prints_every_crd(capsys):
@@ -23,3 +24,14 @@ def test_arguments_match_the_chart():
                                           "--namespace=b"])
     assert args.namespace == ["a", "b"] and args.liveness == "http://0.0.0.0:8080/healthz"
     assert cli.build_parser().parse_args(["run", "--all-namespaces"]).all_namespaces
+
+
+def test_the_operator_runs_on_uvloop_unless_told_otherwise(capsys, monkeypatch):
+    import uvloop  # noqa: PLC0415 - an operator dependency since #19d
+
+    assert OperatorSettings().event_loop == "uvloop"
+    assert cli.loop_factory("uvloop") is uvloop.new_event_loop
+    assert cli.loop_factory("asyncio") is None  # asyncio.Runner's own default loop
+    monkeypatch.setenv("CHATTTS_OPERATOR_EVENT_LOOP", "trio")
+    assert cli.main(["run", "--all-namespaces"]) == 2
+    assert "CHATTTS_OPERATOR_EVENT_LOOP" in capsys.readouterr().err

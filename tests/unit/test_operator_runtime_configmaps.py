@@ -81,6 +81,22 @@ def test_a_configmap_stays_while_a_revision_of_the_deployment_mounts_it():
     assert stale_runtime_configmaps(OWNER, {names[1], names[2]}, configmaps, replicasets) == [names[0]]
 
 
+def test_the_cache_keeps_of_a_replicaset_what_pruning_reads():
+    names = [f"tts-runtime-{i:016x}" for i in range(3)]
+    configmaps = [configmap(n) for n in names]
+    whole = [replicaset("tts-new", names[2], replicas=1), replicaset("tts-old", names[1]),
+             replicaset("other", names[0], deployment="tts-b")]
+    for rs in whole:  # a real ReplicaSet's template carries the whole pod: containers, probes, env...
+        rs["spec"]["template"]["spec"]["containers"] = [{"name": "tts", "image": "x", "env": [{"name": "A"}] * 50}]
+    slim = [builders.replicaset_revision({"apiVersion": "apps/v1", "kind": "ReplicaSet", **rs}) for rs in whole]
+    assert [builders.mounted_configmap(rs) for rs in slim] == [builders.mounted_configmap(rs) for rs in whole]
+    assert stale_runtime_configmaps(OWNER, set(), configmaps, slim) == stale_runtime_configmaps(
+        OWNER, set(), configmaps, whole) == [names[0]]
+    assert slim[0]["metadata"] == whole[0]["metadata"] and slim[0]["kind"] == "ReplicaSet"
+    assert "containers" not in slim[0]["spec"]["template"]["spec"] and "replicas" not in slim[0]["spec"]
+    assert builders.replicaset_revision({"metadata": {"name": "bare"}})["spec"]["template"]["spec"]["volumes"] == []
+
+
 def test_only_this_objects_runtime_configmaps_ever_go():
     others = [
         configmap("tts-runtime-0123456789abcdef", uid="another-uid"),  # a namesake's, recreated

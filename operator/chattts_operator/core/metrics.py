@@ -1,6 +1,8 @@
 """The operator's own Prometheus metrics, served on ``/metrics`` (settings.metrics_port)."""
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -23,6 +25,22 @@ SPEC_CHANGE_SECONDS = Histogram(
     "chattts_operator_spec_change_seconds",
     "From the watch event of a new or changed ChatTTSDeployment to its Deployment applied (or found current).",
     buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10),
+    registry=REGISTRY,
+)
+# The same span cut in three, so a slow change says where it waited: "queued" (the event to its
+# reconcile holding the object's lock), "built" (the spec parsed and the desired state rebuilt),
+# "applied" (the child applies: a request slot, then the API server).
+SPEC_CHANGE_STAGE_SECONDS = Histogram(
+    "chattts_operator_spec_change_stage_seconds",
+    "The spec change's span by stage: queued (event to reconcile start), built (desired state), applied (applies).",
+    ["stage"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+    registry=REGISTRY,
+)
+EVENT_LOOP_LAG_SECONDS = Histogram(
+    "chattts_operator_event_loop_lag_seconds",
+    "How late a timer of the operator's event loop fires (the wait of anything ready to run behind the work ahead of it).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
     registry=REGISTRY,
 )
 RECONCILE_DURATION = Histogram(
@@ -166,6 +184,18 @@ def _remove_matching(metric, prefix: tuple[str, ...]) -> None:
 
 AUTOSCALER = AutoscalerMetrics()
 SHARE_POLICIES = SharePolicyMetrics()
+
+
+LOOP_LAG_PERIOD_SECONDS = 0.1
+
+
+async def watch_loop_lag(period: float = LOOP_LAG_PERIOD_SECONDS) -> None:
+    """Forever: sleep ``period`` and record how much later than asked the loop woke us (a
+    callback that is ready waits this long behind the callbacks ahead of it)."""
+    while True:
+        asked = time.monotonic() + period
+        await asyncio.sleep(period)
+        EVENT_LOOP_LAG_SECONDS.observe(max(0.0, time.monotonic() - asked))
 
 
 def serve(port: int, addr: str = "0.0.0.0"):

@@ -109,6 +109,9 @@ class OperatorSettings(BaseModel):
     status_coalesce_seconds: float = Field(
         0.5, ge=0, le=10, description="A ChatTTSDeployment's changed status waits this long (then for a free "
         "request slot) and the newest is written: the quick steps of a rollout become one write.")
+    event_loop: str = Field(
+        "uvloop", pattern=r"^(uvloop|asyncio)$", description="The operator's event loop: uvloop (libuv: cheaper per "
+        "watch event and request than asyncio's own; asyncio's when uvloop is not installed) or asyncio.")
     utilization_warning: float = Field(0.9, gt=0, le=1, description="Warn above this gpuMemoryUtilization.")
     api_key_secret_check: bool = Field(
         False, description="Get spec.auth's Secret (its metadata only) so status can say SecretNotFound; needs "

@@ -50,6 +50,7 @@ from chattts_operator.deployment.children import (
     build_resource_claim_template,
     mounted_configmap,
     network_policy_name,
+    replicaset_revision,
 )
 from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
@@ -112,6 +113,8 @@ class _Slot:
     status_queued: dict[str, Any] | None = None  # the newest status not written yet
     status_writer: asyncio.Task | None = None
     change_seen_at: float | None = None  # when the watch brought a change not applied yet
+    change_started_at: float | None = None  # when the first reconcile after it held the lock
+    change_built_at: float | None = None  # when that reconcile had its desired state
     # A child vanished: before anything is re-created, make sure the owner itself still exists.
     verify_owner: bool = False
 
@@ -131,8 +134,7 @@ class DeploymentController:
         self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
         self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
         self._pending: set[asyncio.Task] = set()  # reconciles started by ChatTTSDeployment events
-        self.cache = ChildCache(kube, CACHED_KINDS, tuple(settings.watch_namespaces), MANAGED_SELECTOR,
-                                on_change=self._child_changed)
+        self.cache = self._new_cache(tuple(settings.watch_namespaces))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -143,9 +145,12 @@ class DeploymentController:
         a server-side label selector, not kopf's client-side one)."""
         self.started_at = time.time()
         self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
-        self.cache = ChildCache(self.kube, CACHED_KINDS, tuple(namespaces), MANAGED_SELECTOR,
-                                on_change=self._child_changed)
+        self.cache = self._new_cache(tuple(namespaces))
         self._tasks += self.cache.start()
+
+    def _new_cache(self, namespaces: tuple[str, ...]) -> ChildCache:
+        return ChildCache(self.kube, CACHED_KINDS, namespaces, MANAGED_SELECTOR, on_change=self._child_changed,
+                          slimmers={"ReplicaSet": replicaset_revision})
 
     async def stop(self) -> None:
         for task in [*self._rechecks.values(), *self._child_events.values()]:
@@ -264,6 +269,8 @@ class DeploymentController:
                 body = await self._still_there(key, body)
             if body is None:
                 return None
+            if slot.change_seen_at is not None and slot.change_started_at is None:
+                slot.change_started_at = time.monotonic()
             return await self._reconcile_timed(body, trigger)
 
     async def _still_there(self, key: Key, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -326,6 +333,9 @@ class DeploymentController:
         # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
         quantization = await self._reconcile_quantization(body, spec, previous_status)
         desired = self._desired(key, body, spec, quantization, await self.nodes.largest_gpu_mib())
+        slot = self._slots.get(key)
+        if slot is not None and slot.change_started_at is not None and slot.change_built_at is None:
+            slot.change_built_at = time.monotonic()
         observed = Observed(live_deployment=None)
         applied_any = await self._apply_children(key, desired, observed)
         if desired.network_policy is None and await self._prune_network_policy(desired.owner):
@@ -398,8 +408,7 @@ class DeploymentController:
                 observed.deployment_applied = not refused & {"ConfigMap", "ResourceClaimTemplate"}
                 slot = self._slots.get(key)
                 if slot is not None and slot.change_seen_at is not None:
-                    metrics.SPEC_CHANGE_SECONDS.observe(time.monotonic() - slot.change_seen_at)
-                    slot.change_seen_at = None
+                    _observe_spec_change(slot, time.monotonic())
         return bool(stale) and len(refused) < len(stale)
 
     async def _prune_runtime_configmaps(self, desired: Desired, observed: Observed) -> bool:
@@ -664,6 +673,17 @@ class DeploymentController:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
         involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
         await self.kube.post_event(involved, event_type, reason, message)
+
+
+def _observe_spec_change(slot: _Slot, applied_at: float) -> None:
+    """Record a spec change's span (and its stages) once its Deployment is applied or current."""
+    seen = slot.change_seen_at
+    metrics.SPEC_CHANGE_SECONDS.observe(applied_at - seen)
+    started = slot.change_started_at or seen
+    built = slot.change_built_at or started
+    for stage, seconds in (("queued", started - seen), ("built", built - started), ("applied", applied_at - built)):
+        metrics.SPEC_CHANGE_STAGE_SECONDS.labels(stage).observe(max(0.0, seconds))
+    slot.change_seen_at = slot.change_started_at = slot.change_built_at = None
 
 
 def _api_message(err: ApiException) -> str:
