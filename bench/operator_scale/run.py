@@ -63,6 +63,7 @@ class Bench:
         self.results: dict[str, Any] = {}
         self.profile = False  # sample the operator's stacks with py-spy during the create phases
         self.operator_module = "chattts_operator"  # or an experiment variant (variant_*.py)
+        self._reaction_phases = 0  # reaction phases run so far (each patches values of its own)
 
     def remaining(self, cap: float) -> float:
         return max(5.0, min(cap, self.deadline - time.monotonic()))
@@ -327,6 +328,10 @@ class Bench:
     async def reaction(self, namespace: str, managed: int, samples: int, rate: float,
                        label: str = "") -> dict[str, Any]:
         tracker = await NamespaceTracker(self.api, namespace).start()
+        # Each reaction phase patches values no earlier phase wrote: a value equal to the live one is
+        # no change at all (no new generation, nothing to wait for).
+        first_value = 100 + 50 * self._reaction_phases
+        self._reaction_phases += 1
         names = [workload.ctd_name(i) for i in range(managed)]
         stride = max(1, managed // samples)
         chosen = [names[(i * stride) % managed] for i in range(samples)]
@@ -343,7 +348,7 @@ class Bench:
             future = tracker.expect_hash_change(name)
             sent = time.monotonic()
             await self.api.merge_patch("ChatTTSDeployment", namespace, name,
-                                       {"spec": {"engine": {"maxNumSeqs": 100 + i % 50}}})
+                                       {"spec": {"engine": {"maxNumSeqs": first_value + i % 50}}})
             try:
                 seen = await asyncio.wait_for(future, timeout=60)
                 latencies.append(seen - sent)
