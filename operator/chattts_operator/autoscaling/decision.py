@@ -238,6 +238,8 @@ GROWTH_SIGMAS = 1.5
 # burst found it short (anchor: 12 violation minutes, bar 10); 3.5 meets it, 4 reverses within
 # 10 minutes on two (trace, calibration) pairs.
 SHRINK_SIGMAS = 3.5
+# Replicas the growth room adds beyond the sizing, at most (see raw_recommendation).
+ROOM_SPARES = 1
 
 
 def growth_headroom(level: float) -> float:
@@ -310,7 +312,7 @@ def raw_recommendation(
     # The room is one spare at most: more is growth no load asks for, and it restarts the reversal
     # guard (a room-only scale-up at a burst's peak pushed the scale-down after it into the next
     # burst: a reversal within 10 minutes on the graph-engine bursts).
-    grow_to = max(needed, min(math.ceil(growth_headroom(grow_level) / limit - 1e-9), max(needed, 1) + 1))
+    grow_to = max(needed, min(math.ceil(growth_headroom(grow_level) / limit - 1e-9), max(needed, 1) + ROOM_SPARES))
     if grow_to > current:
         if grow_to > needed:
             why += f"; room for {GROWTH_SIGMAS:g} sigma of noise"
