@@ -8,6 +8,8 @@ the results' analysis, not the bar. Each swaps one part of the operator's decisi
 - ``matched-step``: the step time learned from matched windows (the newest frame rate over the
   window, the running gauges averaged over the same window, the same Ready replicas) instead of
   running / the mean of the window's frame rates.
+- ``rules``: the fifth round's three rules, each reverted alone (the cold-start sizing by the
+  arrivals, the one-spare cap on the growth room, 3.5 sigma kept by a scale-down), crowd and bursts.
 """
 from __future__ import annotations
 
@@ -82,13 +84,21 @@ def no_rate_policy(spec):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.autoscaler.whatif", description=__doc__)
-    parser.add_argument("what", choices=("detection", "matched-step"))
+    parser.add_argument("what", choices=("detection", "matched-step", "rules"))
     args = parser.parse_args(argv)
     if args.what == "detection":
         with swapped("GROWTH_SIGMAS", 0.0):
             for calibration in ("anchor", "reference"):
                 for told in (2400.0, 2415.0, 2430.0):  # the crowd starts rising at 2400 s
                     print(run(calibration, "crowd", lambda spec, t=told: ToldAt(no_rate_policy(spec), t)), flush=True)
+    elif args.what == "rules":
+        reverts = (("as built", None, None), ("backlog sizing while starting", "arrivals_in_flight", lambda *a: None),
+                   ("room unbounded", "ROOM_SPARES", 10 ** 6), ("3 sigma kept", "SHRINK_SIGMAS", 3.0))
+        for label, name, value in reverts:
+            with swapped(name, value) if name else contextlib.nullcontext():
+                for calibration in CALIBRATIONS:
+                    for trace in ("crowd", "bursts"):
+                        print(label + ": " + run(calibration, trace, lambda spec: Operator(spec)), flush=True)
     else:
         for label, learner in (("as built", decision.learn_step_seconds), ("matched windows", matched_step_seconds)):
             with swapped("learn_step_seconds", learner):

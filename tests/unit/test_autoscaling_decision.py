@@ -134,14 +134,14 @@ def test_unreachable_pods_block_scale_down_but_not_scale_up():
         (5.0, 1, 2),  # 5 + 1.5 sigma = 8.35 does not: a second replica before a rise
         (8.0, 1, 2),  # 8 < 8.18 fits one replica, not with 1.5 sigma of its noise (12.2)
         (9.0, 1, 2),
-        (40.0, 2, 6),  # grown for 49.5: 7; scale-up policy: at most +100% or +4 per 15 s -> 6
-        (40.0, 5, 7),
-        (80.0, 5, 10),  # grown for 93.4: 12, policy: 5 + max(5, 4) = 10
+        (40.0, 2, 6),  # needs 5, room for 49.5 asks 7, one spare at most: 6 (the policy allows 6)
+        (40.0, 5, 6),
+        (80.0, 5, 10),  # needs 10, room 12, one spare: 11; policy: 5 + max(5, 4) = 10
     ],
 )
 def test_scale_up_follows_demand_plus_noise_over_the_per_replica_limit(demand, current, expected):
     needed = math.ceil(demand / LIMIT)
-    grown = max(needed, math.ceil(growth_headroom(demand) / LIMIT))
+    grown = max(needed, min(math.ceil(growth_headroom(demand) / LIMIT), needed + 1))
     decision = decide(spec(), current, steady(running=demand, ready=current), History(), NOW)
     assert decision.desired_replicas == min(max(grown, current), 10, current + max(current, 4))
     assert decision.desired_replicas == expected
@@ -178,14 +178,18 @@ def test_near_target_wait_blocks_scale_down():
 
 
 def test_shrink_needs_room_for_noise_and_the_tolerance_band():
-    # 3 replicas carry 24.5 in flight. Demand 20 fits, but not with 3 sigma of Poisson noise
-    # and the 10% band ((20 + 3 * sqrt(20)) * 1.1 = 36.8): stay at 4. Demand 11 leaves room (23.0).
+    # 3 replicas carry 24.5 in flight. Demand 20 fits, but not with 3.5 sigma of Poisson noise
+    # and the 10% band ((20 + 3.5 * sqrt(20)) * 1.1 = 39.2): stay at 4. Demand 10 leaves room (23.2);
+    # 11 does not any more (24.9).
     no_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
                        steady(running=20.0, ready=4), History(), NOW)
     assert no_margin.desired_replicas == 4
     with_margin = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
-                         steady(running=11.0, ready=4), History(), NOW)
+                         steady(running=10.0, ready=4), History(), NOW)
     assert with_margin.desired_replicas == 3
+    just_short = decide(spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 0}}), 4,
+                        steady(running=11.0, ready=4), History(), NOW)
+    assert just_short.desired_replicas == 4
 
 
 def test_noise_in_one_sample_does_not_scale_up_but_a_sustained_burst_does():
