@@ -4,26 +4,22 @@ replica at most; a scale-down keeps 3.5 sigma of Poisson noise."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
-from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling import FleetSample, History, decide, per_replica_load_limit
+from chattts_operator.autoscaling import FleetSample, History, decide
 from chattts_operator.autoscaling.decision import (
     SHRINK_SIGMAS,
     arrivals_in_flight,
     growth_headroom,
     shrink_headroom,
 )
+from tests.unit.autoscaling_support import LIMIT, NOW, SLOTS, autoscaling_spec
 
-NOW = 1_000_000.0
-SLOTS = 16.0
-LIMIT = per_replica_load_limit(SLOTS, 0.99)
 WINDOW = 60.0
 
-
-def spec(**overrides) -> AutoscalingSpec:
-    return AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 1, "maxReplicas": 16, **overrides})
+spec = partial(autoscaling_spec, 16)
 
 
 def backlog(ready: int, waiting: list[float], *, starts: float, wait: float = 2.0) -> list[FleetSample]:

@@ -2,21 +2,16 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling import FleetSample, History, decide, per_replica_load_limit
 from chattts_operator.autoscaling.decision import fleet_demand, growth_headroom
+from tests.unit.autoscaling_support import LIMIT, NOW, SLOTS, autoscaling_spec
 
-NOW = 1_000_000.0
-SLOTS = 16.0
-LIMIT = per_replica_load_limit(SLOTS, 0.99)  # ~8.18 requests in flight per replica
-
-
-def spec(**overrides) -> AutoscalingSpec:
-    fields = {"enabled": True, "minReplicas": 1, "maxReplicas": 10, **overrides}
-    return AutoscalingSpec.model_validate(fields)
+spec = partial(autoscaling_spec, 10)
 
 
 def sample(

@@ -3,23 +3,19 @@ ahead, the demand record's quick-rebound test, and the deep-drop scale-down wind
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
-from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide, per_replica_load_limit
+from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide
 from chattts_operator.autoscaling.decision import demand_ahead
 from chattts_operator.autoscaling.status import next_status
+from tests.unit.autoscaling_support import LIMIT, NOW, SLOTS, autoscaling_spec
 
-NOW = 1_000_000.0
-SLOTS = 16.0
-LIMIT = per_replica_load_limit(SLOTS, 0.99)
 MINUTE = 60.0
 GUARD = 600.0
 
-
-def spec(**overrides) -> AutoscalingSpec:
-    return AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 1, "maxReplicas": 40, **overrides})
+spec = partial(autoscaling_spec, 40)
 
 
 def sample(at: float, running: float, waiting: float, *, ready: int, wait: float = 0.0) -> FleetSample:

@@ -3,24 +3,21 @@ round-trip, the frame counter's reading, and the exporters of the operator's met
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
 from chattts_operator.api.autoscaling import AutoscalingSpec, ForecastSpec
-from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide, per_replica_load_limit
+from chattts_operator.autoscaling import DemandHistory, FleetSample, History, decide
 from chattts_operator.autoscaling.decision import fleet_work, learn_step_seconds
 from chattts_operator.autoscaling.signals import PodScrape, fleet_sample, parse_pod_metrics
 from chattts_operator.autoscaling.status import history_from_status, next_status
 from chattts_operator.core.metrics import AUTOSCALER, REGISTRY, SHARE_POLICIES
+from tests.unit.autoscaling_support import LIMIT, NOW, SLOTS, autoscaling_spec
 
-NOW = 1_000_000.0
-SLOTS = 16.0
-LIMIT = per_replica_load_limit(SLOTS, 0.99)
 DAY = 86400.0
 
-
-def spec(**overrides) -> AutoscalingSpec:
-    return AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 1, "maxReplicas": 10, **overrides})
+spec = partial(autoscaling_spec, 10)
 
 
 def window(running: float, ready: int, *, fps: float | None = None, wait: float = 0.0, observed: float = 100.0,

@@ -3,18 +3,13 @@ load holds a second replica before a rise; a drop of one replica is never a deep
 from __future__ import annotations
 
 import math
+from functools import partial
 
-from chattts_operator.api.autoscaling import AutoscalingSpec
-from chattts_operator.autoscaling import FleetSample, History, decide, per_replica_load_limit
+from chattts_operator.autoscaling import FleetSample, History, decide
 from chattts_operator.autoscaling.decision import GROWTH_SIGMAS, growth_headroom, shrink_headroom
+from tests.unit.autoscaling_support import NOW, SLOTS, autoscaling_spec
 
-NOW = 1_000_000.0
-SLOTS = 16.0
-LIMIT = per_replica_load_limit(SLOTS, 0.99)
-
-
-def spec(**overrides) -> AutoscalingSpec:
-    return AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 1, "maxReplicas": 16, **overrides})
+spec = partial(autoscaling_spec, 16)
 
 
 def window(running: float, ready: int, n: int = 4, at: float = NOW) -> list[FleetSample]:
