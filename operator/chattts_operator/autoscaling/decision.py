@@ -289,19 +289,20 @@ def raw_recommendation(
         # The sizing may be wrong (slots, routing): the backlog says what the Ready
         # replicas lack. Replicas still starting count as help on the way.
         ready = latest.ready_replicas
-        running = latest.requests_running or 0.0
-        backlog = math.ceil(ready * (latest.demand or 0.0) / running) if running > 0 and ready > 0 else current + 1
-        # A sustained deficit grows the queue while new replicas start: size for the demand
-        # one evaluation ahead (the newest growth, extrapolated), not the demand already
-        # seen, or every evaluation adds a step that pays its own cold start.
-        ahead = demand_ahead(samples)
-        recommended = max(math.ceil(max(demand[1], shrink_level, ahead) / limit - 1e-9), backlog)
         arrivals = arrivals_in_flight(samples, spec.window_seconds) if ready < current else None
         if arrivals is not None:
             # Replicas are starting: the queue stuck on the Ready ones is the cold start's doing and
             # no added replica takes it; size for the arrivals (the crowd asked 16 where 10 carry it).
             recommended = math.ceil(growth_headroom(arrivals) / limit - 1e-9)
             why += f"; replicas starting: sized for the arrivals ({arrivals:.1f} in flight by Little's law)"
+        else:
+            running = latest.requests_running or 0.0
+            backlog = math.ceil(ready * (latest.demand or 0.0) / running) if running > 0 and ready > 0 else current + 1
+            # A sustained deficit grows the queue while new replicas start: size for the demand
+            # one evaluation ahead (the newest growth, extrapolated), not the demand already
+            # seen, or every evaluation adds a step that pays its own cold start.
+            ahead = demand_ahead(samples)
+            recommended = max(math.ceil(max(demand[1], shrink_level, ahead) / limit - 1e-9), backlog)
         if recommended <= current and ready >= current:
             recommended = current + 1
         return max(recommended, current), f"wait {format_duration(wait)} above target; {why}", max(needed, 1)
