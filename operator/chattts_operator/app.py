@@ -19,6 +19,7 @@ import kopf
 from chattts_operator.api import chattts, sharepolicy
 from chattts_operator.autoscaling.controller import Autoscaler
 from chattts_operator.core import clock, metrics
+from chattts_operator.core.heap import HeapCollector
 from chattts_operator.core.kube import Kube, make_api_client
 from chattts_operator.core.labels import PERSISTENCE_PREFIX
 from chattts_operator.core.settings import OperatorSettings
@@ -53,6 +54,8 @@ class App:
     autoscaler: Autoscaler
     metrics_server: Any = None
     loop_lag: asyncio.Task | None = None  # core/metrics.py watch_loop_lag
+    heap: HeapCollector | None = None
+    heap_task: asyncio.Task | None = None
 
     def observe(self, event: Mapping[str, Any]) -> None:
         """Every watch event of a ChatTTSDeployment: the latest object, for the resync loop,
@@ -68,10 +71,13 @@ class App:
             self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
 
     async def stop(self) -> None:
-        if self.loop_lag is not None:
-            self.loop_lag.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.loop_lag
+        for task in (self.loop_lag, self.heap_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.heap is not None:
+            self.heap.uninstall()
         await self.autoscaler.stop()
         await self.deployments.stop()
         await self.kube.close()
@@ -102,5 +108,8 @@ async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...
     server, _thread = metrics.serve(settings.metrics_port)
     app.metrics_server = server
     app.loop_lag = asyncio.create_task(metrics.watch_loop_lag(), name="chattts-loop-lag")
+    app.heap = HeapCollector(settings.gc_freeze_survivors, settings.gc_thaw_seconds)
+    app.heap.install()
+    app.heap_task = asyncio.create_task(app.heap.run(), name="chattts-heap")
     log.info("operator metrics on :%d/metrics", server.server_port)
     return app

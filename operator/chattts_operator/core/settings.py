@@ -112,6 +112,12 @@ class OperatorSettings(BaseModel):
     event_loop: str = Field(
         "uvloop", pattern=r"^(uvloop|asyncio)$", description="The operator's event loop: uvloop (libuv: cheaper per "
         "watch event and request than asyncio's own; asyncio's when uvloop is not installed) or asyncio.")
+    gc_freeze_survivors: bool = Field(
+        True, description="Freeze what survives a full garbage collection, so the next one walks only what came "
+        "since: pauses in proportion to recent churn, not to the whole cache (core/heap.py). Off: Python's default.")
+    gc_thaw_seconds: float = Field(
+        3600.0, gt=0, description="With gc_freeze_survivors: unfreeze everything this often, so one full "
+        "collection frees reference cycles that became garbage while frozen.")
     utilization_warning: float = Field(0.9, gt=0, le=1, description="Warn above this gpuMemoryUtilization.")
     api_key_secret_check: bool = Field(
         False, description="Get spec.auth's Secret (its metadata only) so status can say SecretNotFound; needs "
