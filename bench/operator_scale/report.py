@@ -51,6 +51,15 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append((f"inside the operator: queued / built / applied, mean (ms); loop lag mean (ms){what}",
                         " / ".join(_fmt(v) for v in (reaction.get("operator_stage_mean_ms") or {}).values())
                         + f"; {_fmt(reaction.get('operator_loop_lag_mean_ms'))}", ""))
+            gc_full = reaction.get("operator_gc_full") or {}
+            if gc_full:
+                out.append((f"operator's full garbage collections meanwhile: count, over 0.1 s, total (ms){what}",
+                            f"{gc_full.get('count')}, {gc_full.get('over 0.1 s', 'n/a')}, {_fmt(gc_full.get('total_ms'))}",
+                            ""))
+            visible = (reaction.get("segments_ms") or {}).get("visible_to_deployment") or {}
+            if visible:
+                out.append((f"change visible to watchers -> Deployment updated, p50 / p99 (ms){what}",
+                            f"{_fmt(visible.get('p50'))} / {_fmt(visible.get('p99'))}", ""))
     for key in ("restart_none", "restart_compare", "restart_short_resync", "restart_unrelated"):
         r = results.get(key) or {}
         if "label" not in r:

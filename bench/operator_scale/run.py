@@ -28,6 +28,7 @@ from chattts_operator.core.settings import OperatorSettings
 
 from bench.operator_scale import apimetrics, workload
 from bench.operator_scale.kubeapi import Api, ApiError, bounded_gather
+from bench.operator_scale.latency import GcPauses, full_collections, percentile, segment_summary
 from bench.operator_scale.operatorproc import OperatorProcess
 from bench.operator_scale.tracker import NamespaceTracker
 
@@ -42,15 +43,6 @@ def log(message: str) -> None:
 def loadavg() -> float:
     """The 1-minute load average: how busy the (shared) machine was around a phase."""
     return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 class Bench:
@@ -336,7 +328,12 @@ class Bench:
         stride = max(1, managed // samples)
         chosen = [names[(i * stride) % managed] for i in range(samples)]
         latencies: list[float] = []
+        # Each change's end-to-end time cut where this process can see it: the PATCH's answer, the
+        # watch event of the new generation (the change visible to every watcher, the operator's
+        # too), and its Deployment's new template.
+        segments: list[dict[str, float]] = []
         missed = 0
+        bench_gc = GcPauses().install()  # the observer's own pauses delay what it timestamps
         before = await self.api_counts()
         inside_before = self._spec_change_histogram()
         seconds_before = apimetrics.parse_request_seconds(await self.api.text("/metrics"))
@@ -346,12 +343,17 @@ class Bench:
         async def change(i: int, name: str) -> None:
             nonlocal missed
             future = tracker.expect_hash_change(name)
+            visible = tracker.expect_generation_change(name)
             sent = time.monotonic()
             await self.api.merge_patch("ChatTTSDeployment", namespace, name,
                                        {"spec": {"engine": {"maxNumSeqs": first_value + i % 50}}})
+            answered = time.monotonic()
             try:
                 seen = await asyncio.wait_for(future, timeout=60)
                 latencies.append(seen - sent)
+                at = visible.result() if visible.done() else seen
+                segments.append({"name": name, "total": seen - sent, "patch_answered": answered - sent,
+                                 "visible": at - sent, "visible_to_deployment": seen - at})
             except asyncio.TimeoutError:
                 missed += 1
 
@@ -363,6 +365,7 @@ class Bench:
             tasks.append(asyncio.create_task(change(i, name)))
             await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.monotonic()))
         await asyncio.gather(*tasks)
+        bench_gc.uninstall()
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=60)
@@ -397,6 +400,10 @@ class Bench:
             "operator_loop_lag_within": {k.removeprefix("loop_lag "): round(v / inside["loop_lag_count"], 3)
                                          for k, v in inside.items() if k.startswith("loop_lag <=")
                                          and inside.get("loop_lag_count")},
+            # The operator's garbage collector: full collections (generation 2) and their pauses.
+            "operator_gc_full": full_collections(inside),
+            "bench_gc_pauses": bench_gc.summary(),
+            "segments_ms": segment_summary(segments),
             "operator_cpu_seconds": round(self.operator.proc_sample().cpu_seconds - cpu_before, 1),
             "apiserver_mean_ms": api_ms,  # the API server's own time per request, by kind
             "operator_requests_per_change": round(attribution.total / max(1, len(tasks)), 2),
@@ -421,6 +428,12 @@ class Bench:
                 out["reconcile_" + name.rsplit("_", 1)[1]] = value
             elif name.startswith("chattts_operator_spec_change_stage_seconds_") and name.rsplit("_", 1)[1] in ("sum", "count"):
                 out[f"stage_{dict(labels)['stage']}_{name.rsplit('_', 1)[1]}"] = value
+            elif name.startswith("chattts_operator_gc_pause_seconds_") and dict(labels).get("generation") == "2":
+                suffix = name.rsplit("_", 1)[1]
+                if suffix in ("sum", "count"):
+                    out[f"gc2_{suffix}"] = value
+                elif suffix == "bucket" and dict(labels)["le"] in ("0.05", "0.1", "0.25"):
+                    out[f"gc2 <= {dict(labels)['le']} s"] = value
             elif name.startswith("chattts_operator_event_loop_lag_seconds_"):
                 suffix = name.rsplit("_", 1)[1]
                 if suffix in ("sum", "count"):

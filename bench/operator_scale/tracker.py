@@ -21,6 +21,7 @@ class NamespaceTracker:
         self.deployment_hash: dict[str, str | None] = {}
         self.generation: dict[str, int] = {}
         self.hash_waiters: dict[str, tuple[str | None, asyncio.Future]] = {}
+        self.generation_waiters: dict[str, tuple[int | None, asyncio.Future]] = {}
         self._changed = asyncio.Event()
         self._watches: list[Watch] = []
 
@@ -80,6 +81,9 @@ class NamespaceTracker:
                 table.pop(name, None)
             return
         generation = obj["metadata"].get("generation", 1)
+        waiter = self.generation_waiters.get(name)
+        if waiter is not None and generation != waiter[0] and not waiter[1].done():
+            waiter[1].set_result(event.at)
         if generation != self.generation.get(name):
             self.generation[name] = generation
             self.status_written.pop(name, None)
@@ -120,6 +124,13 @@ class NamespaceTracker:
     def expect_hash_change(self, name: str) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self.hash_waiters[name] = (self.deployment_hash.get(name), future)
+        return future
+
+    def expect_generation_change(self, name: str) -> asyncio.Future:
+        """Resolves with the time this watch saw the object's next generation: when a change
+        became visible to watchers (the operator's among them), however long the PATCH's answer took."""
+        future = asyncio.get_running_loop().create_future()
+        self.generation_waiters[name] = (self.generation.get(name), future)
         return future
 
     def snapshot(self) -> dict[str, Any]:
