@@ -51,11 +51,6 @@ GC_PAUSE_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
     registry=REGISTRY,
 )
-GC_FROZEN_OBJECTS = Gauge(
-    "chattts_operator_gc_frozen_objects",
-    "Objects that survived the last full collection and are kept out of the next (core/heap.py).",
-    registry=REGISTRY,
-)
 RECONCILE_DURATION = Histogram(
     "chattts_operator_reconcile_duration_seconds",
     "Time one reconcile took, reads and writes included.",
