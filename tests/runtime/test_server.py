@@ -9,6 +9,7 @@ import signal
 import wave
 
 import httpx
+import numpy as np
 import pytest
 
 from rt_helpers import REPO, RunningServer, speech, wait_ready
@@ -142,10 +143,17 @@ def test_concurrent_requests_are_batched_and_metrics_parse(server):
     assert sample(after, "chattts_audio_seconds_total") > sample(before, "chattts_audio_seconds_total")
     assert sample(after, "chattts_real_time_factor_count") >= 8
     assert sample(after, "chattts_time_to_first_audio_seconds_count") >= 8
-    # same greedy audio alone as in the batch
+    # The same greedy audio alone as in the batch, to float rounding: the same codes, while the
+    # hidden states the Decoder path turns into audio come from a GPT step of 8 rows instead of 1,
+    # whose matrix kernels may sum in another order (1e-7 apart). Converted to 16-bit PCM, such a
+    # difference moves a sample by one step at most, and only where it sat on a rounding edge
+    # (seen: 1-2 samples of 24,320). A different code would move thousands of samples by far more.
     with server.client() as c:
         alone = speech(c, input=texts[3], response_format="pcm", stream=False)
-    assert alone.content == responses[3].content
+    ours, batched = (np.frombuffer(r.content, "<i2").astype(np.int32) for r in (alone, responses[3]))
+    assert ours.shape == batched.shape
+    steps = np.abs(ours - batched)
+    assert steps.max() <= 1 and np.count_nonzero(steps) <= ours.size // 1000, (steps.max(), np.count_nonzero(steps))
 
 
 @pytest.mark.parametrize("body,status,param", [
