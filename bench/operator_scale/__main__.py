@@ -58,8 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fresh-cluster-per-side", action=argparse.BooleanOptionalAction, default=True,
                         help="purge and restart the control plane between a size's baseline and its operator "
                         "phase, so the operator does not run on the baseline's leftovers (a 1,000-object "
-                        "namespace just deleted: 1.41-1.43x on the same cluster against 0.96x on a fresh one, "
-                        "findings' fifth round)")
+                        "namespace just deleted weighed on it: findings' fifth round)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the bare writes (a confirming run of the later phases: no ratio then)")
     parser.add_argument("--cluster-name", default="opscale-bench")
