@@ -10,9 +10,10 @@ operator's, from its ``chattts_operator_gc_pause_seconds`` histogram.
 """
 from __future__ import annotations
 
-import gc
-import time
+import math
 from typing import Any
+
+from chattts_operator.core.heap import HeapCollector
 
 SEGMENTS = ("patch_answered", "visible", "visible_to_deployment", "total")
 SLOWEST = 5
@@ -53,29 +54,22 @@ def full_collections(histogram: dict[str, float]) -> dict[str, Any]:
 
 
 class GcPauses:
-    """This process's collector pauses while installed (a callback per collection)."""
+    """This process's collector pauses while installed: the operator's own measuring hook
+    (core/heap.py) with freezing off, summarised for a phase."""
 
     def __init__(self) -> None:
-        self.pauses: list[tuple[int, float]] = []
-        self._started: float | None = None
+        self._collector = HeapCollector(freeze_survivors=False, thaw_seconds=math.inf)
 
     def install(self) -> "GcPauses":
-        gc.callbacks.append(self._callback)
+        self._collector.install()
         return self
 
     def uninstall(self) -> None:
-        if self._callback in gc.callbacks:
-            gc.callbacks.remove(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        elif self._started is not None:
-            self.pauses.append((info.get("generation", -1), time.perf_counter() - self._started))
-            self._started = None
+        self._collector.uninstall()
 
     def summary(self) -> dict[str, Any]:
-        full = [s for g, s in self.pauses if g == 2]
-        return {"collections": len(self.pauses), "full": len(full),
-                "total_ms": round(1000 * sum(s for _, s in self.pauses), 1),
-                "max_ms": round(1000 * max((s for _, s in self.pauses), default=0.0), 1)}
+        pauses = list(self._collector.pauses)
+        full = [s for g, s in pauses if g == 2]
+        return {"collections": len(pauses), "full": len(full),
+                "total_ms": round(1000 * sum(s for _, s in pauses), 1),
+                "max_ms": round(1000 * max((s for _, s in pauses), default=0.0), 1)}
