@@ -23,9 +23,6 @@ What ``HeapCollector`` does, on CPython's generational collector:
   frozen list, ~50 ms at 1,000 managed objects, which is the very pause this avoids (measured:
   counting it every second raised the loop's mean lag from 2 ms to 7 ms).
 
-The first full collection after each thaw walks everything again: one long pause an hour, not
-one every few seconds.
-
 The collector's callback only appends to a deque: it runs inside whatever allocation started
 the collection, possibly while that code holds a metric's lock, so metrics are fed from the
 event loop (``run``), never from the callback.
