@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.operator_scale import report
+from bench.operator_scale import pairs, report
 from bench.operator_scale.kubeapi import Api, ssl_context_for
 from bench.operator_scale.run import REPO, Bench, install_crds, log, versions
 
@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="purge and restart the control plane between a size's baseline and its operator "
                         "phase, so the operator does not run on the baseline's leftovers (a 1,000-object "
                         "namespace just deleted weighed on it: findings' fifth round)")
+    parser.add_argument("--create-pairs", type=int, default=3,
+                        help="the largest size's create is measured as this many pairs of bare writes and "
+                        "operator, in alternating order, each side on a fresh control plane: the figure is "
+                        "the median of the pairs' ratios (pairs.py; one pair moved 0.96x-1.33x between runs)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the bare writes (a confirming run of the later phases: no ratio then)")
     parser.add_argument("--cluster-name", default="opscale-bench")
@@ -97,16 +101,35 @@ async def run(args: argparse.Namespace, cluster: localcluster.LocalCluster, resu
                 results[key] = {"error": repr(err)}
             save()
 
+        async def fresh_cluster(side: str) -> None:
+            log(f"fresh control plane for the {side} side")
+            await asyncio.to_thread(restart_cluster, cluster)
+            bench.api = await stack.enter_async_context(connect())  # new PKI and ports
+
         try:
             for i, n in enumerate(sizes):
                 largest = i == len(sizes) - 1
-                if not args.no_baseline:
-                    await phase(f"baseline_{n}", bench.baseline(n))
-                    if args.fresh_cluster_per_side:
-                        log("fresh control plane for the operator's side")
-                        await asyncio.to_thread(restart_cluster, cluster)
-                        bench.api = await stack.enter_async_context(connect())  # new PKI and ports
-                await phase(f"operator_{n}", bench.operator_create(n, keep=largest))
+                if args.no_baseline:
+                    await phase(f"operator_{n}", bench.operator_create(n, keep=largest))
+                    continue
+                # Alternating pairs (pairs.py); baseline_N and operator_N hold the last of each side.
+                sides = pairs.side_order(args.create_pairs if largest else 1)
+                fresh = args.fresh_cluster_per_side
+                done: list[tuple[str, dict]] = []
+                for j, side in enumerate(sides):
+                    if j and fresh:
+                        await fresh_cluster(side)
+                    last = j == len(sides) - 1
+                    if side == pairs.BASELINE:
+                        await phase(f"baseline_{n}", bench.baseline(n, clean_up=not fresh))
+                    else:
+                        await phase(f"operator_{n}", bench.operator_create(n, keep=largest and last,
+                                                                           clean_up=not fresh))
+                    done.append((side, results.get(f"{side}_{n}") or {}))
+                if len(sides) > 2:
+                    results[f"create_pairs_{n}"] = pairs.pair_up(done)
+                    results[f"create_summary_{n}"] = pairs.summary(results[f"create_pairs_{n}"])
+                    save()
             managed = sizes[-1]
             interval = str(args.resync_interval)
             # With the operator's default settings (resync every 300 s): the resume storm, then

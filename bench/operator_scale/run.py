@@ -98,7 +98,9 @@ class Bench:
 
     # --- phase: baseline ---------------------------------------------------------------------
 
-    async def baseline(self, n: int) -> dict[str, Any]:
+    async def baseline(self, n: int, clean_up: bool = True) -> dict[str, Any]:
+        """``clean_up``: delete the namespace afterwards (pointless when the control plane is
+        purged next: deleting 1,000 objects' namespace takes minutes)."""
         namespace = f"bench-base-{n}"
         await self.create_namespace(namespace)
         tracker = await NamespaceTracker(self.api, namespace).start()
@@ -106,8 +108,9 @@ class Bench:
             return await self._baseline(n, namespace, tracker)
         finally:
             await tracker.stop()
-            seconds = await self.delete_namespace(namespace)
-            log(f"namespace {namespace} deleted in {seconds:.0f}s")
+            if clean_up:
+                seconds = await self.delete_namespace(namespace)
+                log(f"namespace {namespace} deleted in {seconds:.0f}s")
 
     async def _baseline(self, n: int, namespace: str, tracker: NamespaceTracker) -> dict[str, Any]:
         settings = OperatorSettings(runtime_image="chattts-runtime:bench")
@@ -144,7 +147,9 @@ class Bench:
 
     # --- phase: the operator creates -------------------------------------------------------------
 
-    async def operator_create(self, n: int, keep: bool) -> dict[str, Any]:
+    async def operator_create(self, n: int, keep: bool, clean_up: bool = True) -> dict[str, Any]:
+        """``keep``: leave the operator and its objects for the later phases; else stop it and,
+        with ``clean_up``, delete the namespace."""
         namespace = f"bench-op-{n}"
         op = self.start_operator()
         await self.create_namespace(namespace)
@@ -158,8 +163,9 @@ class Bench:
             await tracker.stop()
             if failed or not keep:
                 op.stop()
-                seconds = await self.delete_namespace(namespace)
-                log(f"namespace {namespace} deleted in {seconds:.0f}s")
+                if clean_up:
+                    seconds = await self.delete_namespace(namespace)
+                    log(f"namespace {namespace} deleted in {seconds:.0f}s")
 
     async def _operator_create(self, n: int, op: OperatorProcess, tracker: NamespaceTracker) -> dict[str, Any]:
         namespace = tracker.namespace
