@@ -216,12 +216,17 @@ def test_share_policy_metrics_follow_the_window_and_job_states():
     assert get("chattts_sharepolicy_used_mebibytes", {"policy": "p-metrics", "class": "online"}) == 40960
     assert get("chattts_sharepolicy_pool_mebibytes", {"policy": "p-metrics"}) == 143360
     assert get("chattts_sharepolicy_offline_jobs", {"policy": "p-metrics", "state": "Running"}) == 2
-    SHARE_POLICIES.observe("p-metrics", {**status, "window": None, "shares": {"online": 100, "offline": 0}}, [])
+    SHARE_POLICIES.observe("p-metrics", {**status, "window": None, "shares": {"online": 100, "offline": 0}}, [],
+                           wrote_status=True)
     assert get("chattts_sharepolicy_window_info", {"policy": "p-metrics", "window": "night"}) is None
     assert get("chattts_sharepolicy_window_info", {"policy": "p-metrics", "window": "default"}) == 1
     assert get("chattts_sharepolicy_offline_jobs", {"policy": "p-metrics", "state": "Running"}) is None
+    # Counters survive the gauges' reset of every pass: two passes, one of which wrote.
+    assert get("chattts_sharepolicy_passes_total", {"policy": "p-metrics"}) == 2
+    assert get("chattts_sharepolicy_status_writes_total", {"policy": "p-metrics"}) == 1
     SHARE_POLICIES.forget("p-metrics")
     assert get("chattts_sharepolicy_pool_mebibytes", {"policy": "p-metrics"}) is None
+    assert get("chattts_sharepolicy_passes_total", {"policy": "p-metrics"}) is None
 
 
 def test_idle_replicas_with_few_slots_go_back_to_min():

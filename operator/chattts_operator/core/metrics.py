@@ -126,6 +126,12 @@ SHARE_USED = Gauge("chattts_sharepolicy_used_mebibytes", "GPU memory of the pool
                    ["policy", "class"], registry=REGISTRY)
 SHARE_JOBS = Gauge("chattts_sharepolicy_offline_jobs", "Offline Jobs of the policy by state (Running, Suspended, Waiting, Finished).",
                    ["policy", "state"], registry=REGISTRY)
+# A pass that writes nothing is the steady state: passes rising while status writes stay flat.
+SHARE_PASSES = Counter("chattts_sharepolicy_passes_total", "Planning passes of the policy's loop (a pass on an invalid spec plans nothing).",
+                       ["policy"], registry=REGISTRY)
+SHARE_STATUS_WRITES = Counter("chattts_sharepolicy_status_writes_total",
+                              "Status patches of the policy (a pass writes one only when status changed).",
+                              ["policy"], registry=REGISTRY)
 
 
 class AutoscalerMetrics:
@@ -155,9 +161,13 @@ class AutoscalerMetrics:
 class SharePolicyMetrics:
     """Exports a GPUSharePolicy's status (the dict the controller writes)."""
 
-    def observe(self, policy: str, status: dict, job_states: Iterable[str]) -> None:
-        """``job_states``: the plan's state of every offline Job (status lists only the first members)."""
-        self.forget(policy)  # windows and job states come and go: no stale series
+    def observe(self, policy: str, status: dict, job_states: Iterable[str], wrote_status: bool = False) -> None:
+        """One pass: ``job_states``, the plan's state of every offline Job (status lists only the
+        first members); ``wrote_status``, whether the pass patched the policy's status."""
+        self._forget_gauges(policy)  # windows and job states come and go: no stale series
+        SHARE_PASSES.labels(policy).inc()
+        if wrote_status:
+            SHARE_STATUS_WRITES.labels(policy).inc()
         SHARE_WINDOW.labels(policy, status.get("window") or "default").set(1)
         for klass, share in (status.get("shares") or {}).items():
             SHARE_RATIO.labels(policy, klass).set(share / 100.0)  # status says percent
@@ -172,6 +182,12 @@ class SharePolicyMetrics:
             SHARE_JOBS.labels(policy, state).set(count)
 
     def forget(self, policy: str) -> None:
+        """The policy is gone: every series of it."""
+        self._forget_gauges(policy)
+        for counter in (SHARE_PASSES, SHARE_STATUS_WRITES):
+            _remove(counter, policy)
+
+    def _forget_gauges(self, policy: str) -> None:
         for metric in (SHARE_WINDOW, SHARE_RATIO, SHARE_POOL, SHARE_USED, SHARE_JOBS):
             _remove_matching(metric, (policy,))
 

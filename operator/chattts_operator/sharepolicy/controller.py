@@ -238,11 +238,12 @@ class SharePolicyController:
 
         status = policy_status(the_plan, online, offline, previous, now, generation, done,
                                overlaps=overlapping_windows(spec, now), problems=problems)
-        SHARE_POLICIES.observe(name, status, the_plan.job_state.values())
         for event_type, reason, message in policy_events(the_plan, previous, done):
             await self.kube.post_event(policy, event_type, reason, message)
-        if _status_differs(status, previous):
+        changed = _status_differs(status, previous)
+        if changed:
             await self.kube.patch_status(KIND, None, name, status)
+        SHARE_POLICIES.observe(name, status, the_plan.job_state.values(), wrote_status=changed)
         if not the_plan.settled or len(done) < len(writes):
             return self.pacing.settle_seconds
         if the_plan.next_change is not None:
