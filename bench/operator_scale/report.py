@@ -40,6 +40,12 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{_fmt(ratio(op.get('seconds_ready'), base.get('seconds_deployments_ready')), 'x')}", ""))
         out.append((f"N={size}: operator requests / writes per object",
                     f"{_fmt(op.get('requests_per_object'))} / {_fmt(op.get('writes_per_object'))}", ""))
+        own = op.get("operator_counted_per_object") or {}
+        if own:
+            # The API server's counter has no client label: its GETs of ChatTTSDeployments are not the operator's.
+            out.append((f"N={size}: the operator's own count per object: requests / writes (status patches, Events)",
+                        f"{_fmt(own.get('requests'))} / {_fmt(own.get('writes'))} ({_fmt(own.get('status_patches'))}, "
+                        f"{_fmt(own.get('events'))})", ""))
         out.append((f"N={size}: operator requests per reconcile", _fmt(op.get("requests_per_reconcile")), ""))
         out.append((f"N={size}: operator handler failures retried (API 5xx/timeouts)",
                     _fmt(op.get("operator_temporary_failures")), "0"))
