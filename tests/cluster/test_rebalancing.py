@@ -343,7 +343,7 @@ def assert_quiet(cluster, policy_name: str, seconds: float = 3.0, within: float 
         ours = counted("chattts_sharepolicy_status_writes_total") - writes
         if after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]:
             assert ours == 0, f"{ours} status writes counted, none reached the object"
-            assert ran >= 3, f"only {ran} passes in {seconds} s: the policy's loop is not running"
+            assert ran >= 2, f"only {ran:.0f} passes in {seconds} s: the policy's loop is not running"
             break
         trailing.append(f"{'the operator' if ours else 'another writer'} ({ours:.0f} status writes counted, "
                         f"{ran:.0f} passes): {written_between(before, after)}")
