@@ -192,7 +192,7 @@ class Bench:
         window = apimetrics.delta(await self.api_counts(), before)
         attribution = apimetrics.attribute(window)
         reconciles = op.metric_sum("chattts_operator_reconciles_total") - reconciles_before
-        own = own_requests(op)
+        own = apimetrics.own_window(own_requests(op), own_before)
         sample = op.proc_sample()
         result = {
             "n": n, "module": op.module, "loadavg_1m": loadavg(),
@@ -210,15 +210,9 @@ class Bench:
             "writes_per_object": round(attribution.writes / n, 2),
             "requests_per_reconcile": round(attribution.total / reconciles, 2) if reconciles else None,
             "by_request": attribution.by_key,
-            # The operator's own count (its API_REQUESTS counter): what the attribution above guesses.
-            "operator_counted_requests": (counted := {k: int(v - own_before.get(k, 0)) for k, v in sorted(own.items())
-                                                      if v - own_before.get(k, 0) > 0}),
-            "operator_counted_per_object": {
-                "requests": round(sum(counted.values()) / n, 2),
-                "writes": round(sum(v for k, v in counted.items() if k.split()[0] in ("POST", "PUT", "PATCH", "DELETE")) / n, 2),
-                "status_patches": round(counted.get("PATCH chattsdeployments/status", 0) / n, 2),
-                "events": round(counted.get("POST events", 0) / n, 2),
-            },
+            # The operator's own count: what the attribution above guesses.
+            "operator_counted_requests": own,
+            "operator_counted_per_object": apimetrics.own_per_object(own, n),
             "operator_cpu_seconds": round(sample.cpu_seconds - cpu_before, 1),
             "operator_rss_mib": round(sample.rss_mib, 1), "operator_peak_rss_mib": round(sample.peak_rss_mib, 1),
             "timed_out": not (done and ready),

@@ -1,4 +1,4 @@
-"""The operator-scale bench's alternating create pairs (bench/operator_scale/pairs.py)."""
+"""The operator-scale bench's pure parts: alternating create pairs (pairs.py) and the operator's own request count (apimetrics.py)."""
 from __future__ import annotations
 
 import pytest
@@ -58,3 +58,14 @@ def test_the_report_puts_the_goal_on_the_median_when_there_are_pairs():
     assert median[0].startswith("1.10x (pairs: 1.50x (baseline first), 1.00x (operator first), 1.10x (baseline first))")
     assert median[1] == "<= 1.2x"
     assert rows["N=1000: ratio operator / bare writes (the last pair)"] == ("1.10x", "")
+
+
+def test_the_operators_own_count_is_a_window_of_its_counter_per_object():
+    from bench.operator_scale import apimetrics
+
+    before = {"PATCH deployments": 10, "GET nodes": 1}
+    after = {"PATCH deployments": 210, "GET nodes": 1, "PATCH chattsdeployments/status": 230, "POST events": 60}
+    window = apimetrics.own_window(after, before)
+    assert window == {"PATCH chattsdeployments/status": 230, "PATCH deployments": 200, "POST events": 60}
+    assert apimetrics.own_per_object(window, 200) == {"requests": 2.45, "writes": 2.45, "status_patches": 1.15,
+                                                     "events": 0.3}
