@@ -26,35 +26,30 @@ import sys
 import time
 from pathlib import Path
 
+from bench.runtime import launch
 from bench.runtime.__main__ import (
-    BENCH_TEXTS, RESULTS, SAMPLE_RATE, bench_checkpoint, environment, free_port, run_level, wait_ready)
+    BENCH_TEXTS, RESULTS, SAMPLE_RATE, bench_checkpoint, environment, run_level, wait_ready)
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("reference", "vllm")
 
 
 def start_server(engine_kind: str, checkpoint: Path, args, log: Path):
-    import yaml
-
-    port = free_port()
-    cfg = {
+    """``launch.start`` of this comparison's config for ``engine_kind``: (process, url)."""
+    settings = {
         "model": {"path": str(checkpoint)}, "engine_kind": engine_kind, "device": args.device,
         "engine": {"max_num_seqs": args.max_num_seqs, "max_model_len": 4096,
                    "dtype": "float32" if args.device == "cpu" else "bfloat16", "enforce_eager": args.eager},
-        "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
+        "server": {"max_queue": 4096},
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": args.frames,
                        "stream_chunk_frames": args.chunk_frames},
     }
-    cfg_path = log.with_suffix(".yaml")
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chattts-operator" / "vllm"
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    env.setdefault("VLLM_CACHE_ROOT", str(cache / "cache"))
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return proc, f"http://127.0.0.1:{port}"
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+           "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache / "cache")),
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))}
+    server = launch.start(settings, log, env=env)
+    return server.proc, server.url
 
 
 async def bench_engine(engine_kind: str, checkpoint: Path, args, levels: list[int], texts: list[str]) -> dict:

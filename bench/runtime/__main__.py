@@ -30,16 +30,17 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.runtime import loadgen
+from bench.runtime import launch, loadgen
+from bench.runtime.launch import free_port, log_tail, wait_ready  # noqa: F401  (imported from here by other benches)
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
+# BENCH_RESULTS: another folder for the results and the servers' scratch (the CPU smoke tier's).
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or REPO / "bench" / "results")
 SAMPLE_RATE = loadgen.SAMPLE_RATE
 
 SIZES = {
@@ -73,22 +74,30 @@ MIXED_SENTENCES = [
     "the mayor thanked everyone who took part and promised regular updates.",
     "a public meeting will be held in the old school hall next thursday evening.",
 ]
+VOICE_CHOICES = {"default": None, "on": True, "off": False, "stream": "stream"}
 FRAMES_PER_WORD = 16  # ~0.34 s of speech per word (2.9 words/s)
 REFINE_TOKENS_PER_WORD = 1.5  # refine rewrites the text with a few prosody tokens added
 
 
 def mixed_requests(count: int = 64) -> list[dict]:
-    """Request bodies of 1..4 sentences, cycling, each with the frames and refine tokens its text needs
-    (the random checkpoint never ends by itself: ``max_new_tokens`` is the length it speaks, and
-    ``refine_max_new_tokens`` the length refine-text writes, upstream's ``RefineTextParams.max_new_token``)."""
+    """Request bodies of 1..4 sentences, cycling, each sized to its text.
+
+    The random checkpoint never ends by itself, so ``max_new_tokens`` is the length it speaks and
+    ``refine_max_new_tokens`` the length refine-text writes (upstream's ``RefineTextParams.max_new_token``).
+    Both apply to each piece of a long input (upstream's params apply to every text of its batch), and
+    upstream cuts a paragraph into its sentences: so they are sized to the request's longest sentence,
+    which is what a real checkpoint speaks for each piece, not to the whole paragraph (sized to the
+    paragraph, every piece of a four-sentence request spoke four sentences' worth and refined four
+    sentences' worth of tokens, and the first-piece voice pass ran ~900 frames instead of ~250)."""
     out = []
     for i in range(count):
         n = 1 + i % 4  # one sentence to a paragraph of four
         first = i % len(MIXED_SENTENCES)
-        text = f"item {i}: " + " ".join(MIXED_SENTENCES[(first + k) % len(MIXED_SENTENCES)] for k in range(n))
-        words = len(text.split())
-        out.append({"input": text, "max_new_tokens": FRAMES_PER_WORD * words,
-                    "refine_max_new_tokens": int(REFINE_TOKENS_PER_WORD * words) + 4})
+        chosen = [MIXED_SENTENCES[(first + k) % len(MIXED_SENTENCES)] for k in range(n)]
+        chosen[0] = f"item {i}: " + chosen[0]
+        longest = max(len(sentence.split()) for sentence in chosen)
+        out.append({"input": " ".join(chosen), "max_new_tokens": FRAMES_PER_WORD * longest,
+                    "refine_max_new_tokens": int(REFINE_TOKENS_PER_WORD * longest) + 4})
     return out
 
 
@@ -102,57 +111,32 @@ def bench_checkpoint(size: str):
     return checkpoint, load_model_sizes(checkpoint).gpt
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
-                 engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
-                 audio_decoder: str = "dvae", voice_from_first_piece: bool | None = None):
-    import yaml
-
-    port = free_port()
-    cfg = {
+def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, *,
+                    engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
+                    audio_decoder: str = "dvae", voice_from_first_piece: bool | str | None = None) -> dict:
+    """The benchmark server's runtime config (the YAML's shape; ``launch`` validates it). ``None`` leaves a
+    field at the runtime's default (it is then not written at all)."""
+    text = {"frames_per_text_token": 4.0}
+    # The random checkpoint's test tokenizer spells words out (~4.5 tokens a word, a real one ~1.3): the
+    # front-end's frame budget per token is scaled so a paragraph stays one piece, as it would be.
+    if voice_from_first_piece is not None:
+        text["voice_from_first_piece"] = voice_from_first_piece
+    return {
         "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
         "engine": {"max_num_seqs": max_seqs, "max_model_len": max_model_len},
-        "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
-        # The random checkpoint's test tokenizer spells words out (~4.5 tokens a word, a real one ~1.3): the
-        # front-end's frame budget per token is scaled so a paragraph stays one piece, as it would be.
-        "text": {"frames_per_text_token": 4.0, "voice_from_first_piece": voice_from_first_piece},
+        "server": {"max_queue": 4096},
+        "text": text,
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk,
                        "refine_text": refine, "audio_decoder": audio_decoder},
     }
-    cfg_path = log.with_suffix(".yaml")
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return proc, f"http://127.0.0.1:{port}"
 
 
-def log_tail(log: Path | None, lines: int = 20) -> str:
-    if log is None or not log.exists():
-        return ""
-    return "\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-async def wait_ready(url: str, proc, timeout: float = 600, log: Path | None = None) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; end of {log}:{log_tail(log)}")
-            try:
-                if (await client.get(url + "/ready", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError(f"server did not become ready in {timeout:.0f} s; end of {log}:{log_tail(log)}")
+def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
+                 runtime: Path | None = None, **options):
+    """``launch.start`` of ``server_settings``: (process, url)."""
+    server = launch.start(server_settings(checkpoint, device, frames, max_seqs, chunk, **options), log,
+                          runtime=runtime)
+    return server.proc, server.url
 
 
 async def scrape(url: str) -> dict[str, float]:
@@ -165,7 +149,8 @@ async def scrape(url: str) -> dict[str, float]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in ("vllm:scheduler_deadline_wait_seconds_sum", "vllm:scheduler_deadline_wait_seconds_count",
-                          "chattts_batch_size_sum", "chattts_batch_size_count"):
+                          "chattts_batch_size_sum", "chattts_batch_size_count",
+                          "chattts_event_loop_lag_seconds_sum", "chattts_event_loop_lag_seconds_count"):
                 out[s.name] = s.value
     return out
 
@@ -203,6 +188,9 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
     row["server_cpu_cores"] = (cpu1 - cpu0) / row["wall_s"] if cpu0 is not None and cpu1 is not None else None
     row["deadline_wait_mean_s"] = delta("vllm:scheduler_deadline_wait_seconds_sum") / waits if waits else None
     row["mean_batch_size"] = delta("chattts_batch_size_sum") / steps if steps else None
+    row["engine_steps_per_s"] = steps / row["wall_s"] if row["wall_s"] else None  # 1 / (a step's wall time)
+    lags = delta("chattts_event_loop_lag_seconds_count")  # the speech server's loop: late by this much per timer
+    row["loop_lag_mean_s"] = delta("chattts_event_loop_lag_seconds_sum") / lags if lags else None
     return row
 
 
@@ -269,6 +257,21 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
             f"| {row['mean_batch_size'] if row['mean_batch_size'] is None else round(row['mean_batch_size'], 2)} "
             f"| {row['client_procs']} | {row['loadgen_cpu_max_proc']:.2f} | {row['loadgen_cpu_cores']:.2f} "
             f"| {'n/a' if row['server_cpu_cores'] is None else format(row['server_cpu_cores'], '.2f')} |")
+    lines += ["", "| concurrency | class | requests | TTFA p50 (s) | TTFA p99 (s) |", "|---|---|---|---|---|"]
+    for row in [report["sequential"], *report["levels"]]:
+        for name, c in row.get("ttfa_by_class", {}).items():
+            lines.append(f"| {row['concurrency']} | {name} | {c['requests']} | {c['ttfa_p50_s']:.3f} "
+                         f"| {c['ttfa_p99_s']:.3f} |")
+    lines += ["", "| concurrency | part of the first audio | n | p50 (s) | p99 (s) | mean (s) |",
+              "|---|---|---|---|---|---|"]
+    for row in [report["sequential"], *report["levels"]]:
+        for name, part in row.get("first_audio_parts", {}).items():
+            lines.append(f"| {row['concurrency']} | {name} | {part['n']} | {part['p50_s']:.3f} | {part['p99_s']:.3f} "
+                         f"| {part['mean_s']:.3f} |")
+    lines += ["", "Parts: refine and voice (the first-piece voice pass: generation, decode, encode) are the "
+              "server's own timings (Server-Timing), before the response starts; after_headers is the client's "
+              "time from the response's headers to its first audio (the first piece's queue wait, prefill and "
+              "first window). One-piece / multi-piece: the input's pieces (X-ChatTTS-Pieces)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "
               f"({report['environment']['client_lib']} on {report['environment']['client_loop']}), released "
@@ -288,14 +291,18 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
 
 async def main_async(args) -> dict:
     checkpoint, g = bench_checkpoint(args.size)
+    if args.runtime is not None:  # that revision's own checkpoint layout, same sizes and seed
+        checkpoint = launch.checkpoint_for(args.runtime, args.size, SIZES.get(args.size),
+                                           RESULTS / "tmp" / f"bench-{args.size}-{args.runtime.parent.name}")
     tmp = RESULTS / "tmp"
     levels = args.concurrency
     client_lib = loadgen.pick_client_lib(args.client_lib)
     log = tmp / f"bench-server-{args.device}-{args.tag or args.engine}.log"
-    proc, url = start_server(checkpoint, args.device, args.frames, max(levels), args.chunk_frames, log,
+    proc, url = start_server(checkpoint, args.device, args.frames, args.max_num_seqs or max(levels),
+                             args.chunk_frames, log, runtime=args.runtime,
                              engine=args.engine, max_model_len=args.max_model_len, refine=args.refine == "on",
                              audio_decoder=args.audio_decoder,
-                             voice_from_first_piece={"on": True, "off": False}.get(args.voice_from_first_piece))
+                             voice_from_first_piece=VOICE_CHOICES[args.voice_from_first_piece])
     texts = mixed_requests() if args.mixed else BENCH_TEXTS
     try:
         t0 = time.perf_counter()
@@ -309,8 +316,12 @@ async def main_async(args) -> dict:
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
                                   client_lib=client_lib, stagger_s=stagger)
             results.append(row)
+            classes = ", ".join(f"{name} p99 {c['ttfa_p99_s']:.3f}" for name, c in row["ttfa_by_class"].items())
+            parts = ", ".join(f"{name} p50 {p['p50_s']:.3f}" for name, p in row["first_audio_parts"].items())
             print(f"concurrency {c}: {row['throughput_audio_s_per_s']:.2f} audio s/s, "
-                  f"ttfa p50 {row['ttfa_p50_s']:.3f} p99 {row['ttfa_p99_s']:.3f}, rtf p50 {row['rtf_p50']:.3f}, "
+                  f"ttfa p50 {row['ttfa_p50_s']:.3f} p99 {row['ttfa_p99_s']:.3f} ({classes}; {parts}), "
+                  f"rtf p50 {row['rtf_p50']:.3f}, steps/s {row['engine_steps_per_s'] or 0:.0f}, "
+                  f"loop lag {1e3 * (row['loop_lag_mean_s'] or 0):.1f} ms, "
                   f"batch {row['mean_batch_size']}, {row['client_procs']} client procs "
                   f"(busiest {row['loadgen_cpu_max_proc']:.2f} core), server {row['server_cpu_cores'] or float('nan'):.2f} cores",
                   flush=True)
@@ -328,6 +339,8 @@ async def main_async(args) -> dict:
                    "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
                    "refine_text": args.refine == "on", "audio_decoder": args.audio_decoder, "mixed": args.mixed,
                    "voice_from_first_piece": args.voice_from_first_piece,
+                   "max_num_seqs": args.max_num_seqs or max(levels),
+                   "runtime": str(args.runtime) if args.runtime else "this tree",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
         "environment": environment(args.device, client_lib),
         "server_startup_s": startup,
@@ -363,8 +376,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="runtime engine_kind to serve with (graph: engines/graph.py)")
     p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
     p.add_argument("--refine", default="off", choices=("on", "off"), help="generation.refine_text")
-    p.add_argument("--voice-from-first-piece", default="default", choices=("default", "on", "off"),
-                   help="text.voice_from_first_piece (default: the engine's default, on for graph)")
+    p.add_argument("--voice-from-first-piece", default="default", choices=tuple(VOICE_CHOICES),
+                   help="text.voice_from_first_piece: on (upstream's), off, stream (the voice pass streamed as the "
+                   "first piece); default: the runtime's default")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="engine.max_num_seqs (default: the highest concurrency level)")
+    p.add_argument("--runtime", type=Path, default=None,
+                   help="serve this directory's chattts_runtime (another revision's runtime/, for A/B) with this "
+                   "tree's client; its config carries only the fields the benchmark sets")
     p.add_argument("--audio-decoder", default="dvae", choices=("dvae", "decoder"), help="generation.audio_decoder")
     p.add_argument("--mixed", action="store_true",
                    help="mixed request lengths (1 to 4 sentences, audio sized to the text) instead of --frames each")

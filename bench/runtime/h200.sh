@@ -23,6 +23,14 @@
 #   loadgen      python3 -m bench.runtime.loadgen ...: the load generator's own ceiling on this machine
 #                (aiohttp and httpx, 1 and 8 processes, 256 streams, against a server that only writes
 #                chunks), so the reader can see the client was not the limit;     skipped with --no-loadgen
+#   faithful_stream    faithful with --voice-from-first-piece stream (the voice pass streamed as the first piece)
+#   fixed128     the fixed-length row: 128 frames, refine-text off, DVAE path, 256 streams (the A/B row)
+#
+# --ab REV=STEP[,STEP]   after each named step, the same step served by revision REV's runtime (its tree in
+#                .ab/REV/runtime, made here by bench/runtime/ab_prepare.sh REV and carried), the order of the
+#                two arms alternating from step to step; the summary gives each level's ratio. Repeatable.
+# --smoke        every step at the tiny size on the CPU, one level, one round (CI: tests/bench): CUDA-only
+#                steps (anchor, graph_check, upstream) only check that they parse. No wheels are installed.
 # Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
 # STEPS="anchor graph" in the environment. Each step is bounded by `timeout` (its own cap and
 # what is left of --budget, default 520 s, for the whole script); a failing step does not
@@ -35,15 +43,24 @@ set -uo pipefail
 STEPS="${STEPS:-}"
 BUDGET_S="${BUDGET_S:-520}"
 WHEELS="${WHEELS:-.whl}"  # cp312 wheels for the device image; WHEELS=none skips them
-with_anchor=0 with_reference=0 with_loadgen=1
+with_anchor=0 with_reference=0 with_loadgen=1 smoke=0
+declare -A AB=()  # step -> revision whose runtime serves its B arm
 while [ $# -gt 0 ]; do
   case "$1" in
     --anchor) with_anchor=1 ;;
+    --smoke) smoke=1 ;;
+    --ab)
+      rev="${2%%=*}"; ab_steps="${2#*=}"
+      if [ -z "$rev" ] || [ "$rev" = "$2" ] || [ -z "$ab_steps" ]; then
+        echo "h200.sh: --ab wants REV=STEP[,STEP...], got '$2'" >&2; exit 2
+      fi
+      for ab_step in ${ab_steps//,/ }; do AB[$ab_step]="$rev"; done
+      shift ;;
     --reference) with_reference=1 ;;
     --no-loadgen) with_loadgen=0 ;;
     --steps) STEPS="$2"; shift ;;
     --budget) BUDGET_S="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -54,11 +71,21 @@ if [ -z "$STEPS" ]; then
   [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
-for step in $STEPS; do
-  case "$step" in anchor|graph_check|engine_load|graph|faithful|faithful_norefine|faithful_ownvoice|upstream|memprobe|dtype|reference|loadgen) ;;
-    *) echo "h200.sh: unknown step '$step' (anchor graph_check engine_load graph faithful faithful_norefine" \
-            "upstream memprobe dtype reference loadgen)" >&2; exit 2 ;;
+KNOWN_STEPS="anchor graph_check engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 upstream memprobe dtype reference loadgen"
+AB_ABLE="graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 reference"  # bench.runtime steps
+for step in $STEPS "${!AB[@]}"; do
+  case " $KNOWN_STEPS " in *" $step "*) ;;
+    *) echo "h200.sh: unknown step '$step' ($KNOWN_STEPS)" >&2; exit 2 ;;
   esac
+done
+for step in "${!AB[@]}"; do
+  case " $AB_ABLE " in *" $step "*) ;; *) echo "h200.sh: --ab works on the speech API steps ($AB_ABLE), not $step" >&2; exit 2 ;; esac
+  case " $STEPS " in *" $step "*) ;; *) echo "h200.sh: --ab names $step, which is not among the steps ($STEPS)" >&2; exit 2 ;; esac
+  if [ "$smoke" = 0 ] && [ ! -d ".ab/${AB[$step]}/runtime/chattts_runtime" ] && \
+     [ ! -d "$(dirname "$0")/../../.ab/${AB[$step]}/runtime/chattts_runtime" ]; then
+    echo "h200.sh: --ab ${AB[$step]}: .ab/${AB[$step]}/runtime is missing (bash bench/runtime/ab_prepare.sh ${AB[$step]}, and carry .ab)" >&2
+    exit 2
+  fi
 done
 
 cd "$(dirname "$0")/../.." || exit 2
@@ -70,6 +97,18 @@ mkdir -p "$STAGE/results" "$STAGE/logs"
 touch "$STAGE/started"  # only results written after this are collected (bench/results holds earlier runs)
 DATE="$(date -u +%Y-%m-%d)"
 export PYTHONUNBUFFERED=1
+
+# The sizes of every step: the H200's, or (--smoke) the CPU's tiniest.
+if [ "$smoke" = 1 ]; then
+  # Results and the servers' scratch go to a folder of their own, not among the recorded results.
+  export BENCH_RESULTS="${BENCH_RESULTS:-$STAGE/bench-results}"
+  DEVICE=cpu SIZE=tiny LEVELS="${LEVELS:-2}" ROUNDS="${ROUNDS:-1}" SEQUENTIAL=1 MIXED_LEN=1024 FIXED_LEVELS=2 FIXED_ROUNDS=1
+  FIXED_FRAMES=16
+  WHEELS=none
+else
+  DEVICE=cuda SIZE=full LEVELS="${LEVELS:-1,16,64,128,256}" ROUNDS="${ROUNDS:-2}" SEQUENTIAL=4 MIXED_LEN=2048
+  FIXED_LEVELS="${FIXED_LEVELS:-256}" FIXED_ROUNDS=8 FIXED_FRAMES=128
+fi
 
 # Wheels the image lacks (fastapi, uvicorn, httptools, ...): two versions of one package would stop pip.
 if [ "$WHEELS" != none ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -102,78 +141,110 @@ EOF
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
 declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
-                [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
-LEVELS="${LEVELS:-1,16,64,128,256}"
-ROUNDS="${ROUNDS:-2}"
+                [faithful_stream]=210 [fixed128]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
+if [ "$smoke" = 1 ]; then  # a shared 2-core CI machine, not an H200
+  for step in "${!CAP[@]}"; do CAP[$step]=$((CAP[$step] * 3)); done
+fi
 RESERVE_S=15
 declare -A STATUS
 summary=()
 
+FAITHFUL="python3 -m bench.runtime --device $DEVICE --size $SIZE --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential $SEQUENTIAL --rounds $ROUNDS --engine graph --max-model-len $MIXED_LEN"
 step_command() {
+  if [ "$smoke" = 1 ]; then  # what cannot run without CUDA or its wheels: parse it
+    case "$1" in
+      anchor) echo "python3 .anchor/chattts_gpt_anchor.py.cuda-only" ; return ;;  # skipped: not in the tree
+      graph_check) echo "python3 -m bench.runtime.graph_check --help" ; return ;;
+      upstream) echo "bash -n bench/runtime/upstream_peer.sh" ; return ;;
+    esac
+  fi
   case "$1" in
     anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
     graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
-    engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size full --concurrency 1,16,64,128,256 --rounds 3 --audio --out $STAGE/results/engine_load-graph.json" ;;
-    loadgen) echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json" ;;
-    graph) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,128,256 --sequential 8 --rounds 8 --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
-    faithful) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful" ;;
-    faithful_norefine) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-refine-off" ;;
-    faithful_ownvoice) echo "python3 -m bench.runtime --device cuda --size full --mixed --frames 2048 --refine on --voice-from-first-piece off --audio-decoder decoder --concurrency $LEVELS --sequential 4 --rounds $ROUNDS --engine graph --max-model-len 2048 --tag h200-$DATE-faithful-own-voice" ;;
+    engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size $SIZE --concurrency ${LEVELS} --rounds $ROUNDS --audio --out $STAGE/results/engine_load-graph.json" ;;
+    loadgen) if [ "$smoke" = 1 ]; then echo "python3 -m bench.runtime.loadgen --concurrency 2 --rounds 1 --frames 16 --server-procs 1 --client-procs 1 --client-lib httpx --out $STAGE/results/loadgen-capacity.json"
+             else echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json"; fi ;;
+    graph) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $LEVELS --sequential $SEQUENTIAL --rounds $((ROUNDS * 4)) --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
+    faithful) echo "$FAITHFUL --tag h200-$DATE-faithful" ;;
+    faithful_norefine) echo "${FAITHFUL/--refine on/--refine off} --tag h200-$DATE-faithful-refine-off" ;;
+    faithful_ownvoice) echo "$FAITHFUL --voice-from-first-piece off --tag h200-$DATE-faithful-own-voice" ;;
+    faithful_stream) echo "$FAITHFUL --voice-from-first-piece stream --tag h200-$DATE-faithful-stream" ;;
+    fixed128) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $FIXED_LEVELS --sequential $SEQUENTIAL --rounds $FIXED_ROUNDS --engine graph --max-model-len 1024 --refine off --audio-decoder dvae --tag h200-$DATE-fixed128" ;;
     upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-h200-$DATE.jsonl" ;;
-    memprobe) echo "python3 -m bench.runtime.memory_probe --out $STAGE/results" ;;
-    dtype) echo "python3 -m bench.runtime.dtype_agreement --out $STAGE/results" ;;
-    reference) echo "python3 -m bench.runtime --device cuda --size full --frames 128 --concurrency 1,16,64,256 --sequential 4 --rounds 2 --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
+    memprobe) echo "python3 -m bench.runtime.memory_probe --device $DEVICE --size $SIZE --out $STAGE/results" ;;
+    dtype) echo "python3 -m bench.runtime.dtype_agreement --device $DEVICE --size $SIZE --out $STAGE/results" ;;
+    reference) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames 128 --concurrency ${LEVELS} --sequential $SEQUENTIAL --rounds $ROUNDS --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
   esac
 }
 
-for step in $STEPS; do
+# One run of a step: "A" (this tree) or "B" (--ab's revision, its runtime served by this tree's client).
+run_arm() {
+  local step="$1" arm="$2" name="$1" cmd limit left t0 rc took
+  cmd="$(step_command "$step")"
+  if [ "$arm" = B ]; then
+    name="$step@${AB[$step]}"
+    cmd="$cmd-ab-${AB[$step]} --runtime .ab/${AB[$step]}/runtime"
+  fi
   left=$((BUDGET_S - SECONDS - RESERVE_S))
   limit=$(( CAP[$step] < left ? CAP[$step] : left ))
   if [ "$limit" -lt 20 ]; then
-    STATUS[$step]="skipped (${left}s of budget left)"
-    summary+=("$step: ${STATUS[$step]}")
-    echo "== $step: ${STATUS[$step]}"
-    continue
+    STATUS[$name]="skipped (${left}s of budget left)"
+    summary+=("$name: ${STATUS[$name]}")
+    echo "== $name: ${STATUS[$name]}"
+    return
   fi
-  cmd="$(step_command "$step")"
   script="$(echo "$cmd" | awk '$1 == "python3" && $2 ~ /\.py$/ {print $2}
                                $1 == "python3" && $2 == "-m" {gsub(/\./, "/", $3); print $3 ".py"}')"
   if [ -n "$script" ] && [ ! -f "$script" ] && [ ! -d "${script%.py}" ]; then
-    STATUS[$step]="skipped ($script is not in this tree)"
-    summary+=("$step: ${STATUS[$step]}")
-    echo "== $step: ${STATUS[$step]}"
-    continue
+    STATUS[$name]="skipped ($script is not in this tree)"
+    summary+=("$name: ${STATUS[$name]}")
+    echo "== $name: ${STATUS[$name]}"
+    return
   fi
-  echo "== $(date -u +%T) $step (limit ${limit}s): $cmd"
+  echo "== $(date -u +%T) $name (limit ${limit}s): $cmd"
   t0=$SECONDS
   # timeout signals its whole process group: the runtime server and load generator children too.
-  timeout -k 10 "$limit" $cmd 2>&1 | tee "$STAGE/logs/$step.log"
+  timeout -k 10 "$limit" $cmd 2>&1 | tee "$STAGE/logs/$name.log"
   rc=${PIPESTATUS[0]}
   took=$((SECONDS - t0))
   case "$rc" in
-    0) STATUS[$step]="passed" ;;
-    124|137) STATUS[$step]="TIMED OUT after ${limit}s"; sleep 2 ;;  # let the GPU memory go
-    *) STATUS[$step]="FAILED (exit $rc)" ;;
+    0) STATUS[$name]="passed" ;;
+    124|137) STATUS[$name]="TIMED OUT after ${limit}s"; sleep 2 ;;  # let the GPU memory go
+    *) STATUS[$name]="FAILED (exit $rc)" ;;
   esac
-  summary+=("$step: ${STATUS[$step]} in ${took}s")
-  echo "== $step: ${STATUS[$step]} in ${took}s"
+  summary+=("$name: ${STATUS[$name]} in ${took}s")
+  echo "== $name: ${STATUS[$name]} in ${took}s"
+}
+
+ab_turn=0
+for step in $STEPS; do
+  if [ -n "${AB[$step]:-}" ]; then  # both arms, the order alternating from one A/B step to the next
+    if [ $((ab_turn % 2)) = 0 ]; then run_arm "$step" A; run_arm "$step" B; else run_arm "$step" B; run_arm "$step" A; fi
+    ab_turn=$((ab_turn + 1))
+  else
+    run_arm "$step" A
+  fi
 done
 
 # Collect: results beside the step logs, server logs and configs of the benchmark runs.
 [ -f "$OUT/anchor.json" ] && cp "$OUT/anchor.json" "$STAGE/results/anchor-h200-$DATE.json"
-for f in bench/results/runtime-h200-"$DATE"-*.json bench/results/runtime-h200-"$DATE"-*.md \
-         bench/results/tmp/bench-server-cuda-*.log bench/results/tmp/bench-server-cuda-*.yaml; do
+RESULTS_DIR="${BENCH_RESULTS:-bench/results}"
+for f in "$RESULTS_DIR"/runtime-h200-"$DATE"-*.json "$RESULTS_DIR"/runtime-h200-"$DATE"-*.md \
+         "$RESULTS_DIR"/tmp/bench-server-*.log "$RESULTS_DIR"/tmp/bench-server-*.yaml; do
   if [ -f "$f" ] && [ "$f" -nt "$STAGE/started" ]; then
-    case "$f" in bench/results/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
+    case "$f" in "$RESULTS_DIR"/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
   fi
 done
 {
   echo "h200.sh $(date -u +%FT%TZ), ${SECONDS}s, steps: $STEPS"
   printf '%s\n' "${summary[@]}"
+  for step in "${!AB[@]}"; do  # each A/B pair's ratios, from the two result files
+    python3 -m bench.runtime.ab_summary --results "$STAGE/results" --step "$step" --rev "${AB[$step]}" 2>&1
+  done
 } | tee "$OUT/summary.txt"
 tar -czf "$OUT/results.tar.gz" -C "$STAGE" results
 tar -czf "$OUT/logs.tar.gz" -C "$STAGE" logs
 ls -l "$OUT"
 failed=0
-for step in $STEPS; do [ "${STATUS[$step]}" = passed ] || failed=1; done
+for name in "${!STATUS[@]}"; do [ "${STATUS[$name]}" = passed ] || failed=1; done
 exit $failed

@@ -145,6 +145,12 @@ def summarize(results: Sequence[ProcResult], released: float, stagger_s: float =
         throughput = audio / wall
     ttfa = [r["ttfa"] for r in steady]
     rtf = [r["rtf"] for r in steady]
+    classes = {}
+    for name, keep in (("one_piece", lambda r: r.get("pieces") == 1), ("multi_piece", lambda r: r.get("pieces", 0) > 1)):
+        chosen = [r["ttfa"] for r in steady if keep(r)]
+        if chosen:
+            classes[name] = {"requests": len(chosen), "ttfa_p50_s": percentile(chosen, 0.5),
+                             "ttfa_p99_s": percentile(chosen, 0.99)}
     per_proc = [res.cpu_s / max(res.finished - res.started, 1e-9) for res in results]
     return {
         "requests": len(records), "steady_requests": len(steady), "wall_s": wall, "audio_s": audio,
@@ -152,12 +158,27 @@ def summarize(results: Sequence[ProcResult], released: float, stagger_s: float =
         "throughput_audio_s_per_s": throughput, "throughput_wall_audio_s_per_s": audio / wall,
         "ttfa_p50_s": percentile(ttfa, 0.5), "ttfa_p99_s": percentile(ttfa, 0.99),
         "rtf_p50": percentile(rtf, 0.5), "rtf_p99": percentile(rtf, 0.99),
+        "ttfa_by_class": classes, "first_audio_parts": first_audio_parts(steady),
         "client_procs": len(results),
         "client_lib": results[0].client_lib, "client_loop": results[0].loop,
         "release_skew_s": max(res.started for res in results) - released,
         "loadgen_cpu_max_proc": max(per_proc),
         "loadgen_cpu_cores": sum(res.cpu_s for res in results) / wall,
     }
+
+
+def first_audio_parts(records: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Where the time to first audio went, per part, over ``records`` (p50, p99, mean seconds): the
+    server's stages before the response starts (``Server-Timing``: refine, voice) and, after the
+    response's headers, ``after_headers`` (the first piece's queue wait, prefill and first window)."""
+    parts: dict[str, list[float]] = {}
+    for r in records:
+        for name, seconds in r.get("stages", {}).items():
+            parts.setdefault(name, []).append(seconds)
+        if r.get("headers_s") is not None and r.get("ttfa") is not None:
+            parts.setdefault("after_headers", []).append(r["ttfa"] - r["headers_s"])
+    return {name: {"n": len(v), "p50_s": percentile(v, 0.5), "p99_s": percentile(v, 0.99),
+                   "mean_s": sum(v) / len(v)} for name, v in parts.items()}
 
 
 # ---------------------------------------------------------------- HTTP clients (one per library, same interface)
@@ -190,10 +211,10 @@ class AiohttpClient:
             return r.status
 
     @contextlib.asynccontextmanager
-    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, Any, AsyncIterator[bytes]]]:
         async with self._session.post(self._base + path, data=body,
                                       headers={"Content-Type": "application/json"}) as r:
-            yield r.status, r.content.iter_any()
+            yield r.status, r.headers, r.content.iter_any()
 
     async def close(self) -> None:
         await self._session.close()
@@ -211,10 +232,10 @@ class HttpxClient:
         return (await self._client.get(path)).status_code
 
     @contextlib.asynccontextmanager
-    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def post_stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, Any, AsyncIterator[bytes]]]:
         async with self._client.stream("POST", path, content=body,
                                        headers={"Content-Type": "application/json"}) as r:
-            yield r.status_code, r.aiter_raw()
+            yield r.status_code, r.headers, r.aiter_raw()
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -232,7 +253,8 @@ async def one_request(client, body: bytes) -> dict:
     began = time.monotonic()  # system-wide clock: comparable across the client processes
     first = None
     received = 0
-    async with client.post_stream(SPEECH_PATH, body) as (status, chunks):
+    async with client.post_stream(SPEECH_PATH, body) as (status, headers, chunks):
+        headers_s = time.perf_counter() - start
         if status != 200:
             error = b""
             async for chunk in chunks:
@@ -251,7 +273,24 @@ async def one_request(client, body: bytes) -> dict:
         raise RuntimeError(f"PCM stream of odd length {received} (16-bit samples expected)")
     audio_s = received / 2 / SAMPLE_RATE
     return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s,
-            "began": began, "ended": began + total}
+            "began": began, "ended": began + total, "headers_s": headers_s,
+            "pieces": int(headers.get("X-ChatTTS-Pieces") or 0),
+            "stages": server_timing(headers.get("Server-Timing") or "")}
+
+
+def server_timing(value: str) -> dict[str, float]:
+    """A ``Server-Timing`` header (``name;dur=ms, ...``) -> {name: seconds}; entries without a duration are skipped."""
+    out = {}
+    for entry in value.split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        for param in params:
+            key, _, number = param.partition("=")
+            if name and key.strip() == "dur":
+                try:
+                    out[name] = float(number) / 1e3
+                except ValueError:
+                    pass
+    return out
 
 
 def _cpu_seconds() -> float:
