@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 import numpy as np
 
+from chattts_runtime.engines.schedule import Stage
 from chattts_runtime.model.sampling import SamplingParams
 
 
@@ -63,6 +64,11 @@ class SynthesisRequest:
     # Audio codes ``[T, num_vq]`` after the text prompt (a voice from a reference clip, upstream's
     # ``spk_smp``, or a long input's first piece): embedded as generated frames are; every engine.
     prompt_codes: np.ndarray | None = None
+    # What this request is to its response (engines.schedule): a first piece, a first-piece voice pass
+    # or a later piece; first-audio work is admitted ahead of later pieces of playing responses.
+    stage: Stage = Stage.FIRST
+    # Set by the speech API's observer when the engine first runs the request: seconds it waited.
+    scheduled_after: float | None = None
 
     @property
     def prompt_length(self) -> int:

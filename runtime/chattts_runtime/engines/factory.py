@@ -11,7 +11,8 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
     kind = config.engine_kind
     if kind in (EngineKind.REFERENCE, EngineKind.GRAPH):
         kwargs = dict(max_num_seqs=config.engine.max_num_seqs, max_waiting=config.server.max_queue,
-                      max_model_len=config.engine.max_model_len)
+                      max_model_len=config.engine.max_model_len,
+                      next_piece_grace=config.engine.next_piece_grace_seconds)
         if kind == EngineKind.GRAPH:
             # Streams get audio decoded in the engine on the speech API's window schedule; other
             # requests get frames as often as the speech API would decode them (a third of a window).

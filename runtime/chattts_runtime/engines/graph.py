@@ -55,6 +55,7 @@ from chattts_runtime.audio_io import StreamWindows, unsent_samples
 from chattts_runtime.engines.base import (
     EngineError, EngineStopped, FrameChunk, QueueFull, SchedulerObserver, SynthesisRequest)
 from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
+from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.engines.base import TextJobs
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import (
@@ -417,6 +418,7 @@ class _TextJob:
     seed: int
     slot: int = -1
     tokens: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
 
 
 class _RefineHost:
@@ -428,13 +430,6 @@ class _RefineHost:
         self.running: dict[int, _TextJob] = {}
         self.active = np.zeros(total, bool)
         self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
-
-    def admit(self, free: int) -> list[_TextJob]:
-        """Waiting jobs for up to ``free`` slots, first come first served."""
-        admitted = []
-        while self.waiting and len(admitted) < free:
-            admitted.append(self.waiting.popleft())
-        return admitted
 
     def reset(self) -> None:
         self.running = {}
@@ -513,9 +508,9 @@ class GraphEngine(ReferenceEngine):
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
-                 refine_rows: int = 64):
+                 refine_rows: int = 64, next_piece_grace: float = 1.0):
         super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
-                         observer=observer)
+                         observer=observer, next_piece_grace=next_piece_grace)
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
         if prefill_rows < 1 or audio_rows < 1:
@@ -745,14 +740,7 @@ class GraphEngine(ReferenceEngine):
                         self._waiting = type(self._waiting)(s for s in self._waiting
                                                             if s.request.request_id not in aborted)
                         refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
-                    # Audio first: those requests have paid for refine-text already; starting more refine
-                    # jobs than the slots can then serve would only move the wait.
-                    admitted = []
-                    if self._admit_now():
-                        while self._waiting and len(admitted) < len(self._free):
-                            admitted.append(self._waiting.popleft())
-                    text_admitted = refine.admit(min(len(self._free) - len(admitted),
-                                                     self.refine_rows - len(refine.running)))
+                    admitted, text_admitted = self._admit()
                 events: list[tuple[str, FrameChunk]] = []
                 windows: list[_Window] = []
                 try:
@@ -808,6 +796,26 @@ class GraphEngine(ReferenceEngine):
         self._audio_fifo.clear()
         self._active[:] = False
         self._free = list(range(self.max_num_seqs))
+
+    def _admit(self) -> tuple[list[_Sequence], list[_TextJob]]:
+        """The waiting audio requests and refine-text jobs to start now (``engines.schedule``: first-audio
+        work first, later pieces of playing responses after it within their grace); called under the lock."""
+        refine = self._refine
+        if not self._free or not (self._waiting or refine.waiting):
+            return [], []
+        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in self._waiting],
+                              [j.arrival for j in refine.waiting], free_slots=len(self._free),
+                              text_room=self.refine_rows - len(refine.running), now=time.monotonic(),
+                              next_piece_grace=self.next_piece_grace, audio_open=self._admit_now())
+        admitted: list[_Sequence] = []
+        text_admitted: list[_TextJob] = []
+        if plan.audio:
+            admitted, left = take(list(self._waiting), plan.audio)
+            self._waiting = collections.deque(left)
+        if plan.text:
+            text_admitted, left = take(list(refine.waiting), plan.text)
+            refine.waiting = collections.deque(left)
+        return admitted, text_admitted
 
     def _admit_now(self) -> bool:
         if not self._waiting:

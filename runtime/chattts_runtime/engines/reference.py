@@ -26,6 +26,7 @@ from chattts_runtime.engines.base import (
     Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull,
     SchedulerObserver, SynthesisRequest, stream_chunks)
 from chattts_runtime.engines.kvcache import BatchKVCache
+from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.model.sampling import new_generator, sample_tokens
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,13 @@ class ReferenceEngine(Engine):
     name = "reference"
 
     def __init__(self, model, *, max_num_seqs: int = 64, max_waiting: int = 256,
-                 max_model_len: int = 2048, observer: SchedulerObserver | None = None):
+                 max_model_len: int = 2048, observer: SchedulerObserver | None = None,
+                 next_piece_grace: float = 1.0):
+        if next_piece_grace < 0:
+            raise ValueError("next_piece_grace must be >= 0")
         self.model = model
+        # How long a later piece of a playing response may wait behind others' first-audio work.
+        self.next_piece_grace = next_piece_grace
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self.max_model_len = max_model_len
@@ -171,9 +177,7 @@ class ReferenceEngine(Engine):
                     if aborted:
                         self._waiting = collections.deque(s for s in self._waiting
                                                           if s.request.request_id not in aborted)
-                    admitted = []
-                    while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
-                        admitted.append(self._waiting.popleft())
+                    admitted = self._admit(self.max_num_seqs - len(self._running))
                 events: list[tuple[str, FrameChunk]] = []
                 try:
                     for seq in self._running:
@@ -199,6 +203,17 @@ class ReferenceEngine(Engine):
                     self._cache = self._new_cache()
                 if events and not self._emit(events):
                     return
+
+    def _admit(self, free: int) -> list[_Sequence]:
+        """Waiting requests for up to ``free`` rows, first-audio work first (``engines.schedule``)."""
+        if free <= 0 or not self._waiting:
+            return []
+        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in self._waiting], (),
+                              free_slots=free, text_room=0, now=time.monotonic(),
+                              next_piece_grace=self.next_piece_grace)
+        admitted, left = take(list(self._waiting), plan.audio)
+        self._waiting = collections.deque(left)
+        return admitted
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
