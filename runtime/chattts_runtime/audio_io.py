@@ -125,6 +125,11 @@ class AudioEncoder:
         self._av = av
         self._pts = 0
 
+    @property
+    def cheap(self) -> bool:
+        """PCM and WAV: a push is a cast of the samples (no codec), cheap enough for the event loop."""
+        return self._container is None
+
     def push(self, samples: np.ndarray) -> bytes:
         if self._container is None:
             data = to_pcm16(samples)

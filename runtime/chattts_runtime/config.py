@@ -87,6 +87,11 @@ class EngineSettings(_Strict):
         "auto", description="Graph engine: attention of a decode step. ragged: a Triton kernel that reads "
         "each row's own context only; padded: masked scaled_dot_product_attention over the step's length "
         "bucket; auto: ragged on CUDA when Triton is installed, else padded.")
+    next_piece_grace_seconds: float = Field(
+        1.0, ge=0.0, le=60.0, description="Graph/reference engine: how long a later piece of a response that "
+        "is already playing may wait for a slot behind other responses' first-audio work (refine-text, a "
+        "first-piece voice pass, a first piece); its listener has the current piece's audio buffered "
+        "ahead. Past it, the piece is admitted by its arrival like first-audio work.")
     process: Literal["auto", "same", "separate"] = Field(
         "auto", description="Run the graph/reference engine in a process of its own (separate) or in the "
         "speech API's (same); auto: separate for the graph engine on CUDA, where one process is "
@@ -158,11 +163,14 @@ class TextSettings(_Strict):
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(
         16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
-    voice_from_first_piece: bool = Field(
+    voice_from_first_piece: Literal["stream"] | bool = Field(
         True, description="Upstream's long input: the first piece is generated whole and its audio becomes a "
                           "voice sample (spk_smp, its text as txt_smp) for every piece, the first one again "
-                          "(upstream's default). Off: each piece on its own (first audio sooner, the voice may "
-                          "drift between pieces).")
+                          "(true: upstream's default and output). stream: the first piece's voice pass is itself "
+                          "streamed as the first piece's audio, and the other pieces are spoken in its voice "
+                          "(first audio as soon as for a one-piece input; NOT upstream's output: upstream speaks "
+                          "the first piece a second time, with the sample). false: each piece on its own (the "
+                          "voice may drift between pieces).")
 
 
 class RuntimeConfig(_Strict):

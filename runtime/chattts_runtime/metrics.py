@@ -6,7 +6,8 @@
 | ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine |
 | ``chattts_requests_running`` | gauge | requests the engine is generating |
 | ``chattts_batch_size`` | histogram | sequences per engine step (1 = no batching) |
-| ``chattts_time_to_first_audio_seconds`` | histogram | arrival -> first audio bytes ready (streaming) or whole response ready (non-streaming) |
+| ``chattts_time_to_first_audio_seconds`` | histogram | request received -> first audio bytes ready (streaming) or whole response ready (non-streaming): refine-text and a long input's first-piece voice pass included |
+| ``chattts_first_audio_stage_seconds{stage}`` | histogram | the parts of the way to the first audio: ``refine`` (refine-text of every piece, its queue included), ``voice`` (upstream's first-piece voice pass: generation, decode and encode; its parts ``voice_wait`` for a slot, ``voice_generate``, ``voice_encode``), ``first_window`` (the first piece's submission -> its first audio), ``queue`` (the first piece's wait for a slot, inside ``first_window``); ``voice_sample`` (stream mode: the sample made after the first piece, not on the first audio's path) |
 | ``chattts_real_time_factor`` | histogram | per request: wall time from arrival to last audio / audio duration (< 1 is faster than real time) |
 | ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
 | ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
@@ -44,6 +45,9 @@ class RuntimeMetrics:
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.ttfa = Histogram("chattts_time_to_first_audio_seconds",
                               "Arrival to first audio bytes ready.", buckets=_WAIT_BUCKETS, registry=r)
+        self.first_audio_stage = Histogram(
+            "chattts_first_audio_stage_seconds", "Seconds of each stage on a response's way to its first audio.",
+            ["stage"], buckets=_WAIT_BUCKETS, registry=r)
         self.rtf = Histogram("chattts_real_time_factor", "Synthesis wall time / audio duration, per request.",
                              buckets=_RTF_BUCKETS, registry=r)
         self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio produced.", registry=r)
@@ -61,6 +65,7 @@ class RuntimeMetrics:
 
     def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
         self.deadline_wait.observe(max(0.0, wait_seconds))
+        request.scheduled_after = max(0.0, wait_seconds)
 
     def on_step(self, batch_size: int) -> None:
         self.batch_size.observe(batch_size)

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import gc
 import signal
+import sys
 import json
 import logging
 import time
@@ -24,6 +25,22 @@ from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
+
+
+# Under these sizes the work takes well under a millisecond or two, less than a hop to a thread and
+# back costs a loaded server (the hop waits for the interpreter lock): done on the event loop.
+INLINE_JSON_BYTES = 16 * 1024
+INLINE_PREPARE_CHARS = 256
+# The interpreter lock's switch interval in the speech server (Python's default is 5 ms): its threads
+# (the engine process's reader, decode and refine workers, to_thread hops) hand the lock back sooner.
+SWITCH_INTERVAL_SECONDS = 0.001
+
+
+async def off_loop_if(condition: bool, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a thread when ``condition`` (costly work), else right here on the loop."""
+    if condition:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def _error_response(err) -> Any:
@@ -144,15 +161,19 @@ def build_app(holder: "ServiceHolder"):
         except ClientDisconnect:
             holder.count_outcome(request.url.path, "aborted")
             return Response(status_code=400)  # nobody reads it
-        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
+        payload = await off_loop_if(len(raw) > INLINE_JSON_BYTES, parse_json_object, raw,
+                                    max_depth=limits.max_json_depth)
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         speech_request = parse_speech_request(payload)
-        # Off the event loop: the text front-end tokenizes every piece of a long input (tens of ms for
-        # 4,096 characters, bench/results/text-frontend-*), a speaker string is decoded.
-        synthesis = await asyncio.to_thread(service.prepare, speech_request)
+        # Off the event loop when long: the text front-end tokenizes every piece of a long input (tens of
+        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded.
+        synthesis = await off_loop_if(len(speech_request.input) > INLINE_PREPARE_CHARS
+                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS,
+                                      service.prepare, speech_request)
         await service.refine(synthesis, speech_request)
         await service.voice_from_first_piece(synthesis, speech_request)
         headers.update(refined_text_headers(synthesis.refined_text))
+        headers.update(service.stage_headers(synthesis))
         frames = service.submit(synthesis)
         fmt = synthesis.response_format
         if not synthesis.streaming:
@@ -180,9 +201,9 @@ def build_app(holder: "ServiceHolder"):
             """The response's bytes as audio is produced (compressed formats encoded incrementally)."""
             encoder = AudioEncoder(fmt)
             try:
-                async for samples in audio_chunks:
-                    yield await asyncio.to_thread(encoder.push, samples), len(samples)
-                tail = await asyncio.to_thread(encoder.finish)
+                async for samples in audio_chunks:  # PCM and WAV are a cast: on the loop
+                    yield await off_loop_if(not encoder.cheap, encoder.push, samples), len(samples)
+                tail = await off_loop_if(not encoder.cheap, encoder.finish)
                 if tail:
                     yield tail, 0
             finally:
@@ -328,6 +349,7 @@ def serve(config: RuntimeConfig) -> int:
     """Run until SIGTERM/SIGINT; in-flight requests get ``shutdown_grace_seconds`` to finish."""
     import uvicorn  # noqa: PLC0415
 
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_SECONDS))
     holder = ServiceHolder(config)
     app = build_app(holder)
 

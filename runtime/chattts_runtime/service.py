@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
@@ -23,8 +23,9 @@ from chattts_runtime.errors import APIError  # noqa: F401  (imported from here b
 from chattts_runtime.limits import quote
 from chattts_runtime.controls import ControlError, Pipeline, VoiceSample, code_sampling, resolve_pipeline, voice_sample
 from chattts_runtime.engines.base import Engine, EngineError, EngineStopped, FrameChunk, QueueFull, SynthesisRequest
+from chattts_runtime.engines.schedule import Stage
 from chattts_runtime.model.sampling import SamplingParams
-from chattts_runtime.longform import chain_pieces
+from chattts_runtime.longform import OK_REASONS, chain_pieces, submit_admitted
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
 
@@ -36,6 +37,15 @@ MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 # OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 INT32_MAX = 2**31 - 1
+# text.voice_from_first_piece resolved for one request: upstream's voice pass, streamed, or none.
+VoiceMode = Literal["upstream", "stream", "off"]
+
+
+def voice_mode(setting: "bool | str | None") -> VoiceMode:
+    """``text.voice_from_first_piece`` (or the request's field) as a mode."""
+    if setting == "stream":
+        return "stream"
+    return "upstream" if setting else "off"
 
 
 class SpeechRequest(BaseModel):
@@ -74,6 +84,10 @@ class SpeechRequest(BaseModel):
     # A voice from a reference clip (upstream's spk_smp / txt_smp): POST /v1/audio/voices makes the string.
     speaker_sample: str | None = Field(None, min_length=1, max_length=MAX_SPEAKER_SAMPLE_CHARS)
     speaker_sample_text: str | None = Field(None, max_length=MAX_SPEAKER_SAMPLE_TEXT_CHARS)
+    # A long input's voice (text.voice_from_first_piece): true = upstream's (the first piece generated for
+    # its voice, then spoken again with it), "stream" = that voice pass is streamed as the first piece,
+    # false = every piece on its own. Unset: the server's setting.
+    voice_from_first_piece: Literal["stream"] | bool | None = None
     normalize: bool | None = None  # upstream's text normalization; default from text.normalize
     lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 
@@ -107,6 +121,11 @@ class Synthesis:
     more: tuple[SynthesisRequest, ...] = ()  # the following pieces of a long input, in order
     texts: tuple[str, ...] = ()  # each piece's text as the tokenizer read it
     frames: int = 0  # audio frames generated for it so far (the response's output tokens)
+    source: SpeechRequest | None = None  # the request it was prepared from (None: warm-up)
+    voice_mode: VoiceMode = "off"  # how its pieces get the first piece's voice (prepare decides)
+    # Seconds spent in each stage before the first audio (refine, voice), observed as they end.
+    stages: dict[str, float] = field(default_factory=dict)
+    received: float = field(default_factory=time.monotonic)  # when the request was prepared
 
     @property
     def prompt_tokens(self) -> int:
@@ -134,7 +153,7 @@ class SpeechService:
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
         metrics.bind_engine(engine)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
-        self._voices_from_first_piece = config.text.voice_from_first_piece and model.encoder is not None
+        self._can_sample_voice = model.encoder is not None
         if config.text.voice_from_first_piece and model.encoder is None:
             log.warning("this checkpoint's DVAE has no encoder: the pieces of a long input are not voiced "
                         "from the first one as upstream's (text.voice_from_first_piece)")
@@ -177,7 +196,10 @@ class SpeechService:
             raise APIError(400, str(err), param=err.param) from None
         if sample is not None:
             speaker = None  # as upstream with spk_smp and no spk_emb: [empty_spk] + the clip's codes
-        pieces = self._text_pieces(req, with_speaker=sample is None)
+        mode = self._voice_mode(req, sample)
+        pieces = self._text_pieces(req, with_speaker=sample is None, voice_from_first=mode != "off")
+        if len(pieces) == 1:
+            mode = "off"
         hidden = pipeline.want_hidden
         requests = []
         for index, piece in enumerate(pieces):
@@ -187,12 +209,25 @@ class SpeechService:
                 params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
                 # Engines that decode audio in their own loop do it for streams (same windows as ours), on
                 # either path, every piece of a long input on its own (as upstream decodes its pieces).
-                want_audio=req.streaming and self.engine.decodes_audio))
+                want_audio=req.streaming and self.engine.decodes_audio,
+                stage=Stage.FIRST if index == 0 else Stage.NEXT))
+        if mode == "stream":  # the first piece's frames come back here: they are its voice sample too
+            requests[0].want_audio = False
         return Synthesis(requests[0], req.response_format, req.streaming, req.stream_format == "sse",
                          pipeline=pipeline, text=req.input, speed=req.speed, sample=sample,
-                         more=tuple(requests[1:]), texts=tuple(p.text for p in pieces))
+                         more=tuple(requests[1:]), texts=tuple(p.text for p in pieces), source=req,
+                         voice_mode=mode)
 
-    def _text_pieces(self, req: SpeechRequest, *, with_speaker: bool):
+    def _voice_mode(self, req: SpeechRequest, sample: VoiceSample | None) -> VoiceMode:
+        """How a long input's pieces get the first piece's voice: never with a voice of the request's own
+        (upstream too samples only without spk_smp) or without a DVAE encoder."""
+        setting = self.config.text.voice_from_first_piece if req.voice_from_first_piece is None \
+            else req.voice_from_first_piece
+        if sample is not None or not self._can_sample_voice:
+            return "off"
+        return voice_mode(setting)
+
+    def _text_pieces(self, req: SpeechRequest, *, with_speaker: bool, voice_from_first: bool):
         """Normalize and cut the input (``chattts_runtime.text``); 400 when nothing or one sentence can't fit."""
         from chattts_runtime.text.frontend import NothingToSay  # noqa: PLC0415
         from chattts_runtime.text.split import SentenceTooLong  # noqa: PLC0415
@@ -201,7 +236,7 @@ class SpeechService:
         try:
             return self.frontend.pieces(req.input, normalize=normalize, lang=req.lang,
                                         with_speaker=with_speaker, speed=req.speed,
-                                        voice_from_first=with_speaker and self._voices_from_first_piece)
+                                        voice_from_first=with_speaker and voice_from_first)
         except NothingToSay as err:
             raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
         except SentenceTooLong as err:
@@ -237,6 +272,25 @@ class SpeechService:
         text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
+        began = time.monotonic()
+        await self._refine(synthesis, req)
+        self._stage(synthesis, "refine", time.monotonic() - began)
+
+    @staticmethod
+    def stage_headers(synthesis: Synthesis) -> dict[str, str]:
+        """The stages done before the response starts, as a ``Server-Timing`` header (milliseconds, RFC
+        Server Timing syntax), and how many pieces the input became (``X-ChatTTS-Pieces``)."""
+        headers = {"X-ChatTTS-Pieces": str(1 + len(synthesis.more))}
+        if synthesis.stages:
+            headers["Server-Timing"] = ", ".join(f"{name};dur={seconds * 1e3:.1f}"
+                                                 for name, seconds in synthesis.stages.items())
+        return headers
+
+    def _stage(self, synthesis: Synthesis, stage: str, seconds: float) -> None:
+        synthesis.stages[stage] = seconds
+        self.metrics.first_audio_stage.labels(stage).observe(seconds)
+
+    async def _refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         refiner = self._text_refiner()
         loop = asyncio.get_running_loop()
         refine = synthesis.pipeline.refine
@@ -270,25 +324,17 @@ class SpeechService:
         """Upstream's long input (``split_text`` and no ``spk_smp``): the first piece is generated whole,
         its audio encoded into a voice sample (``spk_smp``, the piece's text as ``txt_smp``), and then every
         piece, the first one again, is generated with the speaker and that sample. Runs after refine-text
-        (the sample's text is the refined one) and before anything streams."""
-        if not synthesis.more or synthesis.sample is not None or not self._voices_from_first_piece:
+        (the sample's text is the refined one) and before anything streams. In ``stream`` mode nothing
+        happens here: the first piece itself is that voice pass (``submit``)."""
+        if not synthesis.more or synthesis.voice_mode != "upstream":
             return
+        began = time.monotonic()
         first = synthesis.request
-        # The sample rides in every piece's context: it may take half of what the tightest piece's prompt
-        # (with the sample's text) leaves, the other half stays for that piece's own frames. A first piece
-        # that runs longer is cut there for the sample only.
-        budget = self.frontend.budget
-        room = min(budget.max_model_len - 1 - len(self.model.tokenizer.build(
-            text, with_speaker=first.speaker is not None, speed=synthesis.speed,
-            sample_text=synthesis.texts[0]).input_ids) for text in synthesis.texts) // 2
-        if room < 1:
-            raise APIError(400, f"the pieces of this input leave no room in max_model_len {budget.max_model_len} "
-                           "for the first piece's voice sample: shorten the first sentence (or turn "
-                           "text.voice_from_first_piece off)", param="input")
+        room = self._sample_room(synthesis)
         params = replace(first.params, max_new_frames=min(first.params.max_new_frames, room),
                          min_new_frames=min(first.params.min_new_frames, room))
         reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
-                            arrival=time.monotonic())
+                            arrival=time.monotonic(), stage=Stage.VOICE)
         stream = self._to_engine(reference)
         frames = []
         try:
@@ -299,12 +345,41 @@ class SpeechService:
                     frames.append(self._frames_of(chunk, reference.want_hidden))
         finally:
             await stream.aclose()
-        if not frames:
-            return  # nothing to sample a voice from: every piece goes on its own
-        audio = await self._in_pool(self._decode_frames, np.concatenate(frames))
+        generated = time.monotonic()
+        if frames:  # else nothing to sample a voice from: every piece goes on its own
+            await self._voice_pieces(synthesis, frames, room, (first, *synthesis.more))
+        done = time.monotonic()
+        self._stage(synthesis, "voice", done - began)
+        # Its parts: the wait for a slot, the generation after it, then decode and encode into the sample.
+        wait = reference.scheduled_after or 0.0
+        self._stage(synthesis, "voice_wait", wait)
+        self._stage(synthesis, "voice_generate", generated - began - wait)
+        self._stage(synthesis, "voice_encode", done - generated)
+
+    def _sample_room(self, synthesis: Synthesis) -> int:
+        """Frames of the first piece that may become the voice sample: it rides in every piece's context,
+        so it may take half of what the tightest piece's prompt (with the sample's text) leaves; the other
+        half stays for that piece's own frames. A first piece that runs longer is cut there for the sample."""
+        budget = self.frontend.budget
+        room = min(budget.max_model_len - 1 - len(self.model.tokenizer.build(
+            text, with_speaker=synthesis.request.speaker is not None, speed=synthesis.speed,
+            sample_text=synthesis.texts[0]).input_ids) for text in synthesis.texts) // 2
+        if room < 1:
+            raise APIError(400, f"the pieces of this input leave no room in max_model_len {budget.max_model_len} "
+                           "for the first piece's voice sample: shorten the first sentence (or turn "
+                           "text.voice_from_first_piece off)", param="input")
+        return room
+
+    async def _voice_pieces(self, synthesis: Synthesis, frames: list[np.ndarray], room: int,
+                            requests: tuple[SynthesisRequest, ...]) -> None:
+        """The first piece's first ``room`` frames (codes, or hidden states on the Decoder path) -> its
+        audio -> the voice sample, which every one of ``requests`` then prompts with."""
+        audio = await self._in_pool(self._decode_frames, np.concatenate(frames)[:room])
         codes = await self.run_model(self._encode_voice, audio)
         sample = VoiceSample(codes, synthesis.texts[0])
-        for index, request in enumerate((first, *synthesis.more)):
+        req = synthesis.source
+        for request in requests:
+            index = 0 if request is synthesis.request else 1 + synthesis.more.index(request)
             request.prompt_ids, request.params = self._code_prompt(
                 req, synthesis.texts[index], synthesis.speed, sample, index, request.params.max_new_frames,
                 with_speaker=request.speaker is not None)
@@ -332,7 +407,55 @@ class SpeechService:
     def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
         synthesis.request.arrival = time.monotonic()
         first = self._to_engine(synthesis.request)
-        return chain_pieces(self.engine, first, synthesis.more) if synthesis.more else first
+        if not synthesis.more:
+            return first
+        if synthesis.voice_mode == "stream":
+            return self._voiced_after_first(synthesis, first)
+        return chain_pieces(self.engine, first, synthesis.more)
+
+    async def _voiced_after_first(self, synthesis: Synthesis, first: AsyncIterator[FrameChunk]
+                                  ) -> AsyncIterator[FrameChunk]:
+        """``stream`` mode: the first piece (generated as upstream's voice pass is, without a sample) is
+        streamed as it comes, its frames kept; when it ends, its first ``_sample_room`` frames become the
+        voice sample (exactly the one upstream's pass would give: a pass capped there draws the same
+        frames) and the other pieces follow in that voice, each as upstream speaks it."""
+        hidden = synthesis.request.want_hidden
+        frames: list[np.ndarray] = []
+        rest = None
+        try:
+            async for chunk in first:
+                if len(chunk.codes):
+                    frames.append(self._frames_of(chunk, hidden))
+                if chunk.finished and chunk.finish_reason in OK_REASONS:
+                    yield FrameChunk(chunk.codes, chunk.hidden, audio=chunk.audio, piece_end=True)
+                    break
+                yield chunk
+                if chunk.finished:
+                    return
+            else:
+                return
+            began = time.monotonic()
+            try:
+                if frames:
+                    await self._voice_pieces(synthesis, frames, self._sample_room(synthesis), synthesis.more)
+            except APIError as err:
+                yield FrameChunk(np.zeros((0, 1), np.int64), finished=True, finish_reason="error", error=err.message)
+                return
+            self.metrics.first_audio_stage.labels("voice_sample").observe(time.monotonic() - began)
+            try:
+                rest = await submit_admitted(self.engine, synthesis.more[0])
+            except EngineStopped:
+                yield FrameChunk(np.zeros((0, 1), np.int64), finished=True, finish_reason="error",
+                                 error="server is shutting down")
+                return
+            rest = chain_pieces(self.engine, rest, synthesis.more[1:]) if len(synthesis.more) > 1 else rest
+            async for chunk in rest:
+                yield chunk
+        finally:
+            for stream in (first, rest):
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
 
     def _to_engine(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
         """The engine's stream of ``request``; a full queue is a 429, a draining server or stopping engine a 503."""
@@ -400,8 +523,8 @@ class SpeechService:
                     parts = []
             audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
             if record:
-                self.metrics.ttfa.observe(time.monotonic() - req.arrival)
-                self._finish(req.arrival, len(audio), "ok")
+                self._first_audio(synthesis)
+                self._finish(synthesis.received, len(audio), "ok")
             return audio
         finally:
             self.in_flight -= 1
@@ -426,8 +549,10 @@ class SpeechService:
                     log.error("request %s failed mid-stream: %s", req.request_id, chunk.error)
                     return
                 synthesis.frames += len(chunk.codes)
-                out = [chunk.audio] if req.want_audio else []
-                if not req.want_audio:
+                # Per chunk: a piece the engine decoded brings its audio (in stream mode the first piece
+                # comes as frames, its voice sample too, and the others as audio).
+                out = [chunk.audio] if chunk.audio is not None else []
+                if chunk.audio is None:
                     if len(chunk.codes):
                         decoder.push(self._frames_of(chunk, req.want_hidden))
                     # Windows of exactly the schedule's sizes, however many frames a chunk brings; a
@@ -446,14 +571,24 @@ class SpeechService:
                 for samples in out:
                     if samples is not None and len(samples):
                         if produced == 0:
-                            self.metrics.ttfa.observe(time.monotonic() - req.arrival)
+                            self._first_audio(synthesis)
                         produced += len(samples)
                         yield samples
                 if chunk.finished:
                     status = "ok" if chunk.finish_reason in ("eos", "length") else chunk.finish_reason or "ok"
         finally:
             self.in_flight -= 1
-            self._finish(req.arrival, produced, status)
+            self._finish(synthesis.received, produced, status)
+
+    def _first_audio(self, synthesis: Synthesis) -> None:
+        """The response's first audio is ready: its time to first audio, and the part after the stages
+        before it (the first piece's queue wait, prefill and first window)."""
+        now = time.monotonic()
+        req = synthesis.request
+        self.metrics.ttfa.observe(now - synthesis.received)
+        self._stage(synthesis, "first_window", now - req.arrival)
+        if req.scheduled_after is not None:
+            self._stage(synthesis, "queue", req.scheduled_after)
 
     def encode(self, samples: np.ndarray, fmt: str) -> bytes:
         return encode(samples, fmt)
