@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 CONFIG_PATH = "/etc/chattts/runtime.yaml"
 ENV_PREFIX = "CHATTTS_"
@@ -163,7 +163,7 @@ class TextSettings(_Strict):
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(
         16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
-    voice_from_first_piece: Literal["stream"] | bool = Field(
+    voice_from_first_piece: Literal["stream"] | StrictBool = Field(
         True, description="Upstream's long input: the first piece is generated whole and its audio becomes a "
                           "voice sample (spk_smp, its text as txt_smp) for every piece, the first one again "
                           "(true: upstream's default and output). stream: the first piece's voice pass is itself "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
@@ -87,7 +87,7 @@ class SpeechRequest(BaseModel):
     # A long input's voice (text.voice_from_first_piece): true = upstream's (the first piece generated for
     # its voice, then spoken again with it), "stream" = that voice pass is streamed as the first piece,
     # false = every piece on its own. Unset: the server's setting.
-    voice_from_first_piece: Literal["stream"] | bool | None = None
+    voice_from_first_piece: Literal["stream"] | StrictBool | None = None
     normalize: bool | None = None  # upstream's text normalization; default from text.normalize
     lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 

@@ -411,6 +411,21 @@ class ServerSpec(_SpecModel):
     )
 
 
+class SpeechSpec(_SpecModel):
+    """How the pods speak: upstream ChatTTS's Chat.infer() defaults unless a field here says otherwise."""
+
+    voice_from_first_piece: Literal["upstream", "stream", "off"] = Field(
+        "upstream",
+        description="A long input's voice (its pieces are spoken in the first piece's voice). upstream: as "
+        "upstream ChatTTS does, the first piece is generated whole as a voice sample, then every piece, the first "
+        "again, is spoken with it; the first audio of a long input waits for that whole piece. stream: the voice "
+        "pass is itself streamed as the first piece's audio and the rest is spoken in its voice: first audio as "
+        "soon as for a one-sentence input, but NOT upstream's output (the first piece is spoken once, without the "
+        "sample). off: each piece on its own (the voice may drift between pieces). A request's "
+        "voice_from_first_piece field overrides it.",
+    )
+
+
 class ChatTTSDeploymentSpec(_SpecModel):
     """ChatTTS served by the TTS runtime on GPU pods."""
 
@@ -428,6 +443,10 @@ class ChatTTSDeploymentSpec(_SpecModel):
     resources: ContainerResources = Field(
         default_factory=ContainerResources, json_schema_extra={"default": {}},
         description="CPU and memory of the runtime container.",
+    )
+    speech: SpeechSpec = Field(
+        default_factory=SpeechSpec, json_schema_extra={"default": {}},
+        description="The speech pipeline's choices (upstream ChatTTS's output by default).",
     )
     auth: AuthSpec | None = Field(
         None, description="API keys from a Secret: /v1/* needs 'Authorization: Bearer <key>'. Unset: the speech API "

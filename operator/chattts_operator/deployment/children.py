@@ -20,6 +20,7 @@ from chattts_runtime.config import (
     ModelSettings,
     RuntimeConfig,
     ServerSettings,
+    TextSettings,
 )
 
 from chattts_operator.api.access import PeerSpec
@@ -132,10 +133,15 @@ def _metadata(owner: Owner, name: str) -> dict[str, Any]:
 # --- ConfigMap -------------------------------------------------------------------------
 
 
+# spec.speech.voiceFromFirstPiece -> the runtime's text.voice_from_first_piece.
+VOICE_FROM_FIRST_PIECE = {"upstream": True, "stream": "stream", "off": False}
+
+
 def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
     """The runtime's config (chattts_runtime.config), rendered from the spec."""
     engine = spec.engine
     return RuntimeConfig(
+        text=TextSettings(voice_from_first_piece=VOICE_FROM_FIRST_PIECE[spec.speech.voice_from_first_piece]),
         model=ModelSettings(path=MODEL_MOUNT_PATH, format=spec.model.format, served_name=spec.model.served_name),
         engine_kind=EngineKind(engine.kind),
         engine=EngineSettings(
