@@ -62,7 +62,6 @@ def test_fitting_spec_applies_everything_in_order():
         ({"memory": "200Gi", "profile": "mig"}, {}, None, "NoMigProfileFits"),
         ({"memory": "160Gi"}, {}, 143771, "NoNodeLargeEnough"),
         ({"memory": "8Gi", "count": 5}, {"kind": "vllm"}, None, "TensorParallelMismatch"),
-        ({"memory": "8Gi", "count": 2}, {}, None, "TensorParallelUnsupported"),
         ({"memory": "8Gi"}, {"maxNumSeqs": 256, "maxModelLen": 1024}, None, "KVCacheDoesNotFit"),
     ],
 )

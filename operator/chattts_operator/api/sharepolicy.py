@@ -37,6 +37,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from .common import Condition
+from .rules import (
+    LABEL_KEY_RULE,
+    LABEL_VALUES_SCHEMA,
+    MAX_LABEL_KEY,
+    cel,
+    check_label_key,
+    check_label_values,
+    check_match_labels,
+    match_labels_schema,
+)
 
 GROUP = "tts.chattts.io"
 VERSION = "v1alpha1"
@@ -225,15 +235,18 @@ class LabelSelectorRequirement(_SpecModel):
         }
     )
 
-    key: str = Field(min_length=1, max_length=317, description="The label key.")
+    key: str = Field(min_length=1, max_length=MAX_LABEL_KEY, json_schema_extra=cel(LABEL_KEY_RULE),
+                     description="The label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(
         default_factory=list, max_length=64, description="Values for In and NotIn.",
-        json_schema_extra={"items": {"type": "string", "maxLength": 63}},
+        json_schema_extra=LABEL_VALUES_SCHEMA,
     )
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> "LabelSelectorRequirement":
+        check_label_key(self.key)
+        check_label_values(self.values)
         if self.operator in ("In", "NotIn") and not self.values:
             raise ValueError(f"selector requirement on {self.key!r}: {self.operator} needs values")
         if self.operator in ("Exists", "DoesNotExist") and self.values:
@@ -244,8 +257,13 @@ class LabelSelectorRequirement(_SpecModel):
 class LabelSelector(_SpecModel):
     """A Kubernetes label selector (matchLabels and matchExpressions, ANDed)."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict)
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+    match_labels: dict[str, str] = Field(default_factory=dict, json_schema_extra=match_labels_schema())
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=32)
+
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_match_labels(value) or {}
 
 
 class GPUSharePolicySpec(_SpecModel):
