@@ -138,21 +138,9 @@ def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
     return RuntimeConfig(
         model=ModelSettings(path=MODEL_MOUNT_PATH, format=spec.model.format, served_name=spec.model.served_name),
         engine_kind=EngineKind(engine.kind),
-        engine=EngineSettings(
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            max_num_seqs=engine.max_num_seqs,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            max_model_len=engine.max_model_len,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            tensor_parallel_size=spec.gpu.count,
-            speculative_config=engine.speculative_config,
-            rope_theta=engine.rope_theta,
-            disable_log_stats=engine.disable_log_stats,
-            dtype=engine.dtype,
-            enforce_eager=engine.enforce_eager,
-            extra_args=list(engine.extra_args),
-        ),
+        # Every engine field of the CRD is the runtime's field of the same name (EngineSettings
+        # forbids unknown ones: a CRD field the runtime lacks fails here, not silently).
+        engine=EngineSettings(**engine.model_dump(exclude={"kind"}), tensor_parallel_size=spec.gpu.count),
         server=ServerSettings(
             host="0.0.0.0",
             port=HTTP_PORT,
