@@ -63,6 +63,9 @@ OFFLINE_PRIORITY_ANNOTATION = "tts.chattts.io/offline-priority"
 # Annotations the operator writes on an online member (a ChatTTSDeployment):
 REPLICA_CAP_ANNOTATION = "tts.chattts.io/replica-cap"  # the most replicas the policy allows now
 REPLICA_CAP_REASON_ANNOTATION = "tts.chattts.io/replica-cap-reason"
+# The pool's node selector as node-affinity requirements (JSON list of NodeSelectorRequirements):
+# the serving pods are confined to the pool whose share they are counted against.
+POOL_AFFINITY_ANNOTATION = "tts.chattts.io/pool-node-affinity"
 
 # PriorityClasses the operator maintains: online pods may preempt offline ones.
 ONLINE_PRIORITY_CLASS = "chattts-online"

@@ -239,7 +239,10 @@ def build_deployment(
     *,
     config_hash_value: str,
     replicas: int,
+    pool_requirements: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """``pool_requirements``: a GPUSharePolicy's pool as node-affinity requirements, ANDed into
+    every term (the pods run only where their share is counted)."""
     model_volume, model_mount = _model_volume(spec)
     volumes: list[dict[str, Any]] = [
         {
@@ -308,6 +311,11 @@ def build_deployment(
         pod_spec["resourceClaims"] = [{"name": DRA_POD_CLAIM,
                                        "resourceClaimTemplateName": resource_claim_template_name(owner.name, gpu.dra)}]
     affinity = node_affinity(gpu, settings)
+    if pool_requirements:
+        terms = (affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                 if affinity else [{"matchExpressions": []}])
+        affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {**term, "matchExpressions": [*term.get("matchExpressions", []), *pool_requirements]} for term in terms]}}}
     if affinity:
         pod_spec["affinity"] = affinity
     if gpu.node_selector:

@@ -37,7 +37,12 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
-from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, REPLICA_CAP_ANNOTATION, SHARE_POLICY_LABEL
+from chattts_operator.api.sharepolicy import (
+    ONLINE_PRIORITY_CLASS,
+    POOL_AFFINITY_ANNOTATION,
+    REPLICA_CAP_ANNOTATION,
+    SHARE_POLICY_LABEL,
+)
 from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
@@ -489,7 +494,8 @@ class DeploymentController:
         tuning = ((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}
         # Everything desired_state reads besides the spec (the generation stands for it).
         inputs = (meta.get("uid"), meta.get("generation"), SHARE_POLICY_LABEL in (meta.get("labels") or {}),
-                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION), tuning.get("maxNumBatchedTokens"),
+                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION),
+                  (meta.get("annotations") or {}).get(POOL_AFFINITY_ANNOTATION), tuning.get("maxNumBatchedTokens"),
                   json.dumps(override, sort_keys=True), largest_node_gpu_mib)
         slot = self._slots.setdefault(key, _Slot())
         if slot.desired is not None and slot.desired_inputs == inputs:
