@@ -44,7 +44,7 @@ async def member_job_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> 
 
 @kopf.on.event(*app.SHARE_POLICIES)
 async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.app.share_policies.policy_changed(type, name, dict(body))
+    memo.app.share_policy_changed(type, name, dict(body))
 
 
 @kopf.on.event("", "v1", "nodes")

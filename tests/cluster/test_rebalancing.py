@@ -741,6 +741,33 @@ def test_an_empty_pool_is_a_condition_and_changes_nothing(cluster, namespace, op
         cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
 
 
+def test_a_label_naming_no_policy_is_reported(cluster, namespace, operator):
+    """A typo in the share-policy label is no silent no-op: the member says the policy does not
+    exist, and learns when it appears (the policies' watch, not a resync)."""
+    name = f"later-{namespace}"[:63]
+    member = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
+              "metadata": {"name": "tts", "labels": {SHARE_LABEL: name}},
+              "spec": {"replicas": 0, "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
+                       "gpu": {"memory": "8Gi"}, "engine": dict(TEST_ENGINE)}}
+
+    def share_condition() -> dict[str, Any]:
+        obj = kjson(cluster, "get", "ctd", "tts", "-n", namespace)
+        return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "SharePolicy"), {})
+
+    try:
+        apply(cluster, namespace, member)
+        cond = wait_until(lambda: (c := share_condition()) and c, "the SharePolicy condition", timeout=60)
+        assert cond["status"] == "False" and cond["reason"] == "PolicyNotFound" and name in cond["message"]
+        apply(cluster, None, {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy",
+                              "metadata": {"name": name}, "spec": {"nodeSelector": {"matchLabels": {POOL_KEY: "x"}}}})
+        wait_until(lambda: share_condition().get("status") == "True", "SharePolicy=True once the policy exists",
+                   timeout=30)
+        cluster.kubectl("delete", "gpusharepolicy", name, "--wait=true", "--timeout=60s")
+        wait_until(lambda: share_condition().get("reason") == "PolicyNotFound", "PolicyNotFound again", timeout=30)
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
 def test_pods_outside_the_pool_are_reported_then_brought_inside(cluster, namespace, gpu_pool, operator):
     """A member serving on nodes outside the pool when it joins: those pods are not counted
     against the pool and status names them (PodsOutsidePool) for as long as they run there;

@@ -343,3 +343,16 @@ def test_events_of_cluster_scoped_objects_go_to_default():
     assert event["metadata"]["namespace"] == "default" and event["involvedObject"]["namespace"] is None
     namespaced = event_manifest({"kind": "Job", "metadata": {"name": "j", "namespace": "batch"}}, "Normal", "R", "m")
     assert namespaced["metadata"]["namespace"] == "batch"
+
+
+def test_a_share_policy_label_naming_no_policy_is_a_condition():
+    d = desired_of(obj())
+    live = live_deployment(d)
+    missing = compute_status(d, Observed(live_deployment=live, deployment_applied=True,
+                                         share_policy=("nightly", False)), {}, T0)
+    cond = _cond(missing, "SharePolicy")
+    assert cond["status"] == "False" and cond["reason"] == "PolicyNotFound" and "nightly" in cond["message"]
+    assert ("Warning", "SharePolicyFalse") in [(t, r) for t, r, _ in transitions([], missing["conditions"])]
+    found = compute_status(d, Observed(live_deployment=live, deployment_applied=True,
+                                       share_policy=("nightly", True)), missing, T1)
+    assert _cond(found, "SharePolicy")["status"] == "True"

@@ -139,6 +139,9 @@ class DeploymentController:
         self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
         self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
         self._pending: set[asyncio.Task] = set()  # reconciles started by ChatTTSDeployment events
+        # GPUSharePolicy name -> whether it exists: read once per name, then kept current by the
+        # policies' watch events (share_policy_changed), so a resync reads nothing.
+        self._share_policies: dict[str, bool] = {}
         self.cache = self._new_cache(tuple(settings.watch_namespaces))
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -255,6 +258,21 @@ class DeploymentController:
             slot.change_seen_at = slot.change_seen_at or time.monotonic()
         self._reconcile_soon(key, trigger)
 
+    def share_policy_changed(self, name: str, *, exists: bool) -> None:
+        """A GPUSharePolicy came, changed or went: the objects labelled into it reconcile (their
+        SharePolicy condition), when its existence is news."""
+        if self._share_policies.get(name) == exists:
+            return
+        self._share_policies[name] = exists
+        for key, body in list(self.bodies.items()):
+            if ((body.get("metadata") or {}).get("labels") or {}).get(SHARE_POLICY_LABEL) == name:
+                self._reconcile_soon(key, "share-policy")
+
+    async def _share_policy_exists(self, name: str) -> bool:
+        if name not in self._share_policies:
+            self._share_policies[name] = await self.kube.get_metadata("GPUSharePolicy", None, name) is not None
+        return self._share_policies[name]
+
     # --- entry points -----------------------------------------------------------------------
 
     async def reconcile_key(self, key: Key, trigger: str) -> str | None:
@@ -352,6 +370,9 @@ class DeploymentController:
         if desired.spec.auth is not None:
             observed.api_keys_secret = await self._api_keys_secret(desired.owner.namespace,
                                                                    desired.spec.auth.secret_name)
+        policy = (meta.get("labels") or {}).get(SHARE_POLICY_LABEL)
+        if policy:
+            observed.share_policy = (policy, await self._share_policy_exists(policy))
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
             observed.live_deployment = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)

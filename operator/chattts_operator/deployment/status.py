@@ -5,17 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chattts_operator.api.sharepolicy import SHARE_POLICY_LABEL
 from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.core.labels import selector_string
 from chattts_operator.deployment.pods import PodProblem, pod_problems, summary
 from chattts_operator.deployment.spec import Desired
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated", "Protected")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated", "Protected", "SharePolicy")
 # Observed.api_keys_secret: what the reconciler found of spec.auth's Secret.
 SECRET_FOUND, SECRET_MISSING, SECRET_UNCHECKED = "found", "missing", "unchecked"
 # Conditions whose True is bad news: their transitions to True are Warning events.
 _ABNORMAL_TRUE = {"Degraded"}
-_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated", "Protected"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated", "Protected", "SharePolicy"}
 # Ready, Progressing and Degraded say this when spec.networkPolicy could not be applied.
 PROTECTION_NOT_APPLIED = "ProtectionNotApplied"
 
@@ -32,6 +33,7 @@ class Observed:
     # Deployment is at 0 replicas.
     protection_error: str | None = None
     protection_held: bool = False
+    share_policy: tuple[str, bool] | None = None  # (the label's GPUSharePolicy, whether it exists); None: no label
     api_keys_secret: str | None = None  # SECRET_*; None: spec.auth is unset
     dra: dict[str, Any] | None = None  # dra profile: status.gpu.dra (gpu.dra_allocation_status)
     unschedulable: str | None = None  # dra profile: the scheduler's word on a serving pod that waits
@@ -153,6 +155,15 @@ def _api_keys_condition(desired: Desired, observed: Observed, gen: int) -> dict[
                      "(operator setting api_key_secret_check, chart value rbac.apiKeySecretCheck)", generation=gen)
 
 
+def _share_policy_condition(name: str, exists: bool, gen: int) -> dict[str, Any]:
+    """SharePolicy: whether the GPUSharePolicy the label names exists (no silent typo)."""
+    if exists:
+        return condition("SharePolicy", True, "PolicyFound", f"a member of GPUSharePolicy {name}", generation=gen)
+    return condition("SharePolicy", False, "PolicyNotFound",
+                     f"label {SHARE_POLICY_LABEL} names GPUSharePolicy {name}, which does not exist: no policy caps "
+                     "or confines this object (create the policy or fix the label)", generation=gen)
+
+
 def _protection_message(observed: Observed) -> str:
     fence = ("the serving pods keep the NetworkPolicy applied before, at the generation rolled out then"
              if observed.protection_held else "no pod serves without it (the Deployment is scaled to 0)")
@@ -216,6 +227,8 @@ def compute_status(
     allocated = _gpu_allocated_condition(desired, observed, gen)
     if allocated is not None:
         conditions.append(allocated)
+    if observed.share_policy is not None:
+        conditions.append(_share_policy_condition(*observed.share_policy, gen))
     if unprotected:
         conditions.append(condition("Protected", False, PROTECTION_NOT_APPLIED, _protection_message(observed),
                                     generation=gen))
