@@ -61,10 +61,17 @@ class EngineKind(str, Enum):
     GRAPH = "graph"  # static slot KV cache + CUDA graphs per batch/length bucket (engines/graph.py)
 
 
+# The speech API's model name: one name, no path segments (it is matched against the request's
+# `model` and listed in /v1/models). The operator's CRD carries the same pattern.
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_SERVED_NAME = 128
+
+
 class ModelSettings(_Strict):
     path: str = Field("/models/chattts", description="Read-only directory with the ChatTTS checkpoint.")
     format: WeightFormat = WeightFormat.FP16
-    served_name: str = Field("chattts", min_length=1, description="Model name answered in /v1/models.")
+    served_name: str = Field("chattts", min_length=1, max_length=MAX_SERVED_NAME, pattern=SERVED_NAME_PATTERN,
+                             description="Model name answered in /v1/models.")
 
 
 class EngineSettings(_Strict):

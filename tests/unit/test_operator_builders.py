@@ -160,7 +160,9 @@ def test_probes_ports_and_grace():
     ],
 )
 def test_gpu_limits_in_pod(profile, count, limits):
-    dep = deployment_of(spec_of(gpu={"memory": "8Gi", "count": count, "profile": profile}))
+    # Tensor parallel (count > 1) is the vllm engine's.
+    engine = {"kind": "vllm"} if count > 1 else {}
+    dep = deployment_of(spec_of(gpu={"memory": "8Gi", "count": count, "profile": profile}, engine=engine))
     resources = pod(dep)["containers"][0]["resources"]
     assert resources["limits"] == {"memory": "8Gi", **limits}
     assert resources["requests"] == {"cpu": "2", "memory": "8Gi"}  # extended resources only in limits
