@@ -2,8 +2,8 @@
 
 | metric | type | meaning |
 |---|---|---|
-| ``vllm:scheduler_deadline_wait_seconds`` | histogram | time from a request's arrival until the engine first runs it (its prefill starts). Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
-| ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine |
+| ``vllm:scheduler_deadline_wait_seconds`` | histogram | time from a request's arrival until the engine first runs its audio (its first piece's prefill starts, or upstream's first-piece voice pass's): every stage before it (refine-text, its queue included, and admission) counted, once per response. Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
+| ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine, and speech requests in refine-text |
 | ``chattts_requests_running`` | gauge | requests the engine is generating |
 | ``chattts_batch_size`` | histogram | sequences per engine step (1 = no batching) |
 | ``chattts_time_to_first_audio_seconds`` | histogram | request received -> first audio bytes ready (streaming) or whole response ready (non-streaming): refine-text and a long input's first-piece voice pass included |
@@ -67,16 +67,18 @@ class RuntimeMetrics:
             self.loop_lag.observe(max(0.0, time.monotonic() - start - interval))
 
     def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
-        self.deadline_wait.observe(max(0.0, wait_seconds))
+        if request.counts_wait:
+            self.deadline_wait.observe(max(0.0, wait_seconds))
         request.scheduled_after = max(0.0, wait_seconds)
 
     def on_step(self, batch_size: int) -> None:
         self.batch_size.observe(batch_size)
         self.steps.inc()
 
-    def bind_engine(self, engine) -> None:
-        """Gauges read the engine's queue at scrape time."""
-        self.waiting.set_function(lambda: engine.num_waiting)
+    def bind_engine(self, engine, waiting_before=lambda: 0) -> None:
+        """Gauges read the engine's queue at scrape time; ``waiting_before()``: requests waiting in the
+        stages before the engine's queue (refine-text where it runs outside the engine's)."""
+        self.waiting.set_function(lambda: engine.num_waiting + waiting_before())
         self.running.set_function(lambda: engine.num_running)
 
 

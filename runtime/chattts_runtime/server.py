@@ -170,8 +170,13 @@ def build_app(holder: "ServiceHolder"):
         synthesis = await off_loop_if(len(speech_request.input) > INLINE_PREPARE_CHARS
                                       or len(speech_request.voice) > INLINE_PREPARE_CHARS,
                                       service.prepare, speech_request)
-        await service.refine(synthesis, speech_request)
-        await service.voice_from_first_piece(synthesis, speech_request)
+        if synthesis.waits_before_audio:  # refine-text, a voice pass: stopped there when the client leaves
+            try:
+                await unless(service.before_audio(synthesis, speech_request),
+                             {"client left": client_disconnected(request.receive)})
+            except Stopped:
+                holder.count_outcome(request.url.path, "aborted")
+                return Response(status_code=499)  # nobody reads it
         headers.update(refined_text_headers(synthesis.refined_text))
         headers.update(service.stage_headers(synthesis))
         frames = service.submit(synthesis)

@@ -105,6 +105,18 @@ def parse_speech_request(payload: object) -> SpeechRequest:
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
+# Refine-text draws from the request's seed XOR this (each piece's seed is the request's plus its index, as
+# its audio's), so its random stream is not the audio pass's own; the XOR stays in the seed's int64 range.
+REFINE_SEED_SALT = 0x5EED_0F_7E47
+
+
+def refine_seeded(refine, seed: int | None):
+    """``refine`` (RefineParams) drawing from ``seed`` (a piece's audio seed), unless it has none."""
+    if seed is None:
+        return refine
+    return replace(refine, sampling=replace(refine.sampling, seed=seed ^ REFINE_SEED_SALT))
+
+
 @dataclass
 class Synthesis:
     """A validated request, ready for the engine."""
@@ -126,6 +138,13 @@ class Synthesis:
     # Seconds spent in each stage before the first audio (refine, voice), observed as they end.
     stages: dict[str, float] = field(default_factory=dict)
     received: float = field(default_factory=time.monotonic)  # when the request was prepared
+    submitted: float = 0.0  # when its first piece went to the engine (after refine and a voice pass)
+
+    @property
+    def waits_before_audio(self) -> bool:
+        """Stages run before its first piece goes to the engine: refine-text, upstream's voice pass."""
+        return (self.pipeline is not None and self.pipeline.refine is not None) or \
+            (bool(self.more) and self.voice_mode == "upstream")
 
     @property
     def prompt_tokens(self) -> int:
@@ -151,7 +170,8 @@ class SpeechService:
         from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
-        metrics.bind_engine(engine)
+        self.refining = 0  # speech requests in refine-text: waiting for their audio (the waiting gauge)
+        metrics.bind_engine(engine, waiting_before=lambda: self.refining)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
         self._can_sample_voice = model.encoder is not None
         if config.text.voice_from_first_piece and model.encoder is None:
@@ -267,13 +287,22 @@ class SpeechService:
                          seed=None if params.seed is None else params.seed + index)
         return prompt.input_ids, params
 
+    async def before_audio(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """The stages before the first piece is submitted, in order."""
+        await self.refine(synthesis, req)
+        await self.voice_from_first_piece(synthesis, req)
+
     async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         """Upstream's refine-text pass, when the request runs it, piece by piece (upstream refines each
         text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
         began = time.monotonic()
-        await self._refine(synthesis, req)
+        self.refining += 1
+        try:
+            await self._refine(synthesis, req)
+        finally:
+            self.refining -= 1
         self._stage(synthesis, "refine", time.monotonic() - began)
 
     @staticmethod
@@ -293,12 +322,15 @@ class SpeechService:
     async def _refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         refiner = self._text_refiner()
         loop = asyncio.get_running_loop()
-        refine = synthesis.pipeline.refine
+        # Each piece refined with its own draw of the request's seed: the same seed, the same refined text.
+        refines = [refine_seeded(synthesis.pipeline.refine, request.params.seed)
+                   for request in (synthesis.request, *synthesis.more)]
         if self.engine.refines_text:  # every piece at once, batched in the engine with other requests'
-            prompts = [refiner.prompt_ids(text, refine) for text in synthesis.texts]
+            prompts = [refiner.prompt_ids(text, refine) for text, refine in zip(synthesis.texts, refines)]
             try:
                 generated = await asyncio.gather(*(self.engine.refine_text(f"refine-{uuid.uuid4().hex}", p,
-                                                                           refine.sampling) for p in prompts))
+                                                                           refine.sampling)
+                                                   for p, refine in zip(prompts, refines)))
             except QueueFull as err:
                 raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                                code="queue_full",
@@ -311,7 +343,7 @@ class SpeechService:
             results = [refiner.read(g, len(p)) for g, p in zip(generated, prompts)]
         else:
             results = [await loop.run_in_executor(self._refine_pool, refiner.refine, text, refine)
-                       for text in synthesis.texts]
+                       for text, refine in zip(synthesis.texts, refines)]
         refined_texts = []
         for index, (request, refined) in enumerate(zip((synthesis.request, *synthesis.more), results)):
             refined_texts.append(refined.text)
@@ -333,8 +365,11 @@ class SpeechService:
         room = self._sample_room(synthesis)
         params = replace(first.params, max_new_frames=min(first.params.max_new_frames, room),
                          min_new_frames=min(first.params.min_new_frames, room))
+        # Its wait counts from the request's arrival (refine-text before it included); the first piece
+        # after it then counts none of its own (one wait per response).
         reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
-                            arrival=time.monotonic(), stage=Stage.VOICE)
+                            arrival=synthesis.received, stage=Stage.VOICE)
+        first.counts_wait = False
         stream = self._to_engine(reference)
         frames = []
         try:
@@ -351,7 +386,7 @@ class SpeechService:
         done = time.monotonic()
         self._stage(synthesis, "voice", done - began)
         # Its parts: the wait for a slot, the generation after it, then decode and encode into the sample.
-        wait = reference.scheduled_after or 0.0
+        wait = max(0.0, (reference.scheduled_after or 0.0) - (began - synthesis.received))
         self._stage(synthesis, "voice_wait", wait)
         self._stage(synthesis, "voice_generate", generated - began - wait)
         self._stage(synthesis, "voice_encode", done - generated)
@@ -405,7 +440,10 @@ class SpeechService:
     # -- generation ------------------------------------------------------------------------
 
     def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
-        synthesis.request.arrival = time.monotonic()
+        synthesis.submitted = time.monotonic()
+        # The first piece arrived with the request: its wait (the scheduler metric, its admission order)
+        # counts refine-text too; after upstream's voice pass, from now (its wait is counted there).
+        synthesis.request.arrival = synthesis.received if synthesis.request.counts_wait else synthesis.submitted
         first = self._to_engine(synthesis.request)
         if not synthesis.more:
             return first
@@ -586,9 +624,10 @@ class SpeechService:
         now = time.monotonic()
         req = synthesis.request
         self.metrics.ttfa.observe(now - synthesis.received)
-        self._stage(synthesis, "first_window", now - req.arrival)
-        if req.scheduled_after is not None:
-            self._stage(synthesis, "queue", req.scheduled_after)
+        submitted = synthesis.submitted or req.arrival
+        self._stage(synthesis, "first_window", now - submitted)
+        if req.scheduled_after is not None:  # its wait after submission (the rest is the stages before)
+            self._stage(synthesis, "queue", max(0.0, req.scheduled_after - (submitted - req.arrival)))
 
     def encode(self, samples: np.ndarray, fmt: str) -> bytes:
         return encode(samples, fmt)

@@ -69,6 +69,9 @@ class SynthesisRequest:
     stage: Stage = Stage.FIRST
     # Set by the speech API's observer when the engine first runs the request: seconds it waited.
     scheduled_after: float | None = None
+    # Its wait counts in scheduler_deadline_wait: false for a response's run after its first (the first
+    # piece after upstream's voice pass, whose wait the pass already counted from the same arrival).
+    counts_wait: bool = True
 
     @property
     def prompt_length(self) -> int:
