@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thousand characters
 MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
-# OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
+# OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged,
+# and so are their dated snapshots (tts-1-1106, gpt-4o-mini-tts-2025-03-20, ...).
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+_DATED_ALIAS = re.compile(r"(?:%s)(?:-\d{4}|-\d{4}-\d{2}-\d{2})" % "|".join(map(re.escape, OPENAI_MODEL_ALIASES)))
 INT32_MAX = 2**31 - 1
 # text.voice_from_first_piece resolved for one request: upstream's voice pass, streamed, or none.
 VoiceMode = Literal["upstream", "stream", "off"]
@@ -49,9 +52,12 @@ def voice_mode(setting: "bool | str | None") -> VoiceMode:
 
 
 class SpeechRequest(BaseModel):
-    """``POST /v1/audio/speech`` body (OpenAI's fields plus ChatTTS sampling extensions)."""
+    """``POST /v1/audio/speech`` body (OpenAI's fields plus ChatTTS sampling extensions).
 
-    model_config = ConfigDict(extra="ignore")
+    Strict types: ``"speed": true`` or ``"stream": "yes"`` are 400s, never read as 1.0 or true (an
+    integer is a number, though)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     input: str
@@ -93,7 +99,8 @@ class SpeechRequest(BaseModel):
 
     @property
     def streaming(self) -> bool:
-        return self.stream is not False or self.stream_format is not None
+        """``stream: false`` is one whole body, whatever else; ``stream_format`` says how a stream is sent."""
+        return self.stream is not False
 
 
 def parse_speech_request(payload: object) -> SpeechRequest:
@@ -185,7 +192,7 @@ class SpeechService:
     # -- validation ------------------------------------------------------------------------
 
     def prepare(self, req: SpeechRequest) -> Synthesis:
-        if req.model not in self.model_names:
+        if req.model not in self.model_names and not _DATED_ALIAS.fullmatch(req.model):
             raise APIError(404, f"model {quote(req.model)} is not served here; use {self.config.model.served_name!r}",
                            param="model", code="model_not_found")
         if not req.input.strip():
@@ -196,6 +203,9 @@ class SpeechService:
         if not MIN_SPEED <= req.speed <= MAX_SPEED:
             raise APIError(400, f"speed must be between {MIN_SPEED} and {MAX_SPEED}; got {req.speed}",
                            param="speed")
+        if req.stream is False and req.stream_format == "sse":
+            raise APIError(400, "stream_format 'sse' is a stream: it cannot be sent with stream false",
+                           param="stream_format")
         try:
             check_format(req.response_format, req.streaming)
         except UnsupportedFormat as err:

@@ -205,3 +205,36 @@ def test_port_in_use_exits_3_before_loading(tmp_path, tiny_checkpoint):
                               capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "already in use" in proc.stderr and "loaded" not in proc.stderr
+
+
+# -- the request's edges in OpenAI's shape ---------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("speed", True), ("stream", "yes"), ("stream", 1), ("seed", "7"),
+                                         ("top_k", 2.5), ("input", 5)])
+def test_wrong_types_are_400s(server, field, value):
+    with server.client() as c:
+        r = speech(c, input="hi", **{field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text[:300]
+
+
+def test_stream_and_stream_format_combinations(server):
+    with server.client() as c:
+        whole = speech(c, input="hi", response_format="pcm", stream=False, stream_format="audio", max_new_tokens=8)
+        assert whole.status_code == 200 and whole.headers.get("content-length") == str(len(whole.content))
+        conflict = speech(c, input="hi", stream=False, stream_format="sse")
+        assert conflict.status_code == 400 and conflict.json()["error"]["param"] == "stream_format"
+        sse = speech(c, input="hi", response_format="pcm", stream_format="sse", max_new_tokens=8)
+        assert sse.status_code == 200 and sse.headers["content-type"].startswith("text/event-stream")
+
+
+def test_openai_newer_voices_and_dated_models(server):
+    with server.client() as c:
+        for voice in ("marin", "cedar"):
+            assert speech(c, input="hi", voice=voice, response_format="pcm", stream=False,
+                          max_new_tokens=8).status_code == 200
+        for model in ("tts-1-1106", "tts-1-hd-1106", "gpt-4o-mini-tts-2025-03-20", "gpt-4o-mini-tts-2025-12-15"):
+            assert speech(c, input="hi", model=model, response_format="pcm", stream=False,
+                          max_new_tokens=8).status_code == 200, model
+        unknown = speech(c, input="hi", voice="nobody")
+        assert unknown.status_code == 400 and "marin" in unknown.json()["error"]["message"]
+        assert speech(c, input="hi", model="tts-1-latest").status_code == 404
