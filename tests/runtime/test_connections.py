@@ -213,7 +213,7 @@ def test_port_in_use_exits_3_before_loading(tmp_path, tiny_checkpoint):
                                          ("top_k", 2.5), ("input", 5)])
 def test_wrong_types_are_400s(server, field, value):
     with server.client() as c:
-        r = speech(c, input="hi", **{field: value})
+        r = speech(c, **{"input": "hi", field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text[:300]
 
 
