@@ -70,7 +70,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
         if err.errno == errno.EADDRINUSE:
             raise PortInUse(err.errno, f"{host}:{port} is already in use") from None
         raise
-    sock.set_inheritable(True)
     return sock
 
 
@@ -265,9 +264,8 @@ def guarded_protocol(guard: ConnectionGuard) -> type:
                     408, f"request headers not received within {s.header_timeout_seconds:g} s "
                     "(server.header_timeout_seconds)", code="header_timeout")))
 
-        def timeout_keep_alive_handler(self) -> None:
+        def timeout_keep_alive_handler(self) -> None:  # a normal end: not counted
             if not self._in_head:
-                guard.count("keep_alive_timeout")
                 super().timeout_keep_alive_handler()
 
         # -- writing: a reader that stalls -----------------------------------------------------------

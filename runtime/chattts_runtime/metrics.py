@@ -12,7 +12,7 @@
 | ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
 | ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
 | ``chattts_engine_steps_total`` | counter | generation steps run by the engine |
-| ``chattts_http_refused_total{reason}`` | counter | connections and requests the connection layer refused before the app (``connections.py``): ``header_too_large`` (431), ``header_timeout`` (408), ``idle_timeout`` and ``keep_alive_timeout`` (closed), ``send_timeout`` (a stalled reader's stream aborted), ``connection_limit`` (503), ``http_version`` (505), ``host``, ``authorization`` and ``bad_request`` (400: framing) |
+| ``chattts_http_refused_total{reason}`` | counter | connections and requests the connection layer refused before the app (``connections.py``): ``header_too_large`` (431), ``header_timeout`` (408), ``idle_timeout`` (a connection that sent no request, closed), ``send_timeout`` (a stalled reader's stream aborted), ``connection_limit`` (503), ``http_version`` (505), ``host``, ``authorization`` and ``bad_request`` (400: framing) |
 | ``chattts_event_loop_lag_seconds`` | histogram | how late the speech server's event loop runs a timer (sampled every 20 ms): what a blocked loop costs every client |
 """
 from __future__ import annotations

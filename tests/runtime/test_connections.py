@@ -38,14 +38,16 @@ def refused(srv, reason: str) -> float:
 
 
 def read_all(sock: socket.socket, limit: float = 10.0) -> bytes:
-    """Everything until the server closes (or ``limit`` seconds pass)."""
+    """Everything until the server closes; failing when it keeps the connection ``limit`` seconds."""
     sock.settimeout(limit)
     out = b""
     try:
         while chunk := sock.recv(65536):
             out += chunk
-    except (TimeoutError, ConnectionResetError):
+    except ConnectionResetError:
         pass
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open for {limit} s; got {out[:200]!r}") from None
     return out
 
 
@@ -111,12 +113,10 @@ def test_slow_header_gets_408_and_idle_connections_close(server):
 
 
 def test_kept_alive_connection_closes_after_its_timeout(server):
-    before = refused(server, "keep_alive_timeout")
     with socket.create_connection(address(server), timeout=10) as sock:
         sock.sendall(get("/health", "Host: x"))
         answer = read_all(sock)  # the answer, then the close once the keep-alive timeout passes
     assert answer.startswith(b"HTTP/1.1 200") and b'"ok"' in answer
-    assert refused(server, "keep_alive_timeout") == before + 1
 
 
 def test_stalled_reader_is_aborted_and_its_stream_stops(server):

@@ -15,11 +15,15 @@ from rt_helpers import launch_server, speech, stop_server, tiny_server_config
 REFINED = "X-ChatTTS-Refined-Text"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, endless_checkpoint):
+@pytest.fixture(scope="module", params=["reference", "graph"])
+def server(request, tmp_path_factory, endless_checkpoint):
+    """The reference engine refines in a worker of its own (one request at a time: a queue), the graph
+    engine as rows of its own steps (batched with the audio)."""
     srv = launch_server(tiny_server_config(
-        endless_checkpoint, engine={"max_num_seqs": 32},
-        generation={"refine_text": True, "max_new_frames": 24}), tmp_path_factory.mktemp("refineq"))
+        endless_checkpoint, engine_kind=request.param, engine={"max_num_seqs": 32},
+        generation={"refine_text": True, "max_new_frames": 24, "audio_decoder": "dvae"}),
+        tmp_path_factory.mktemp("refineq"))
+    srv.engine = request.param
     yield srv
     stop_server(srv)
 
@@ -35,9 +39,9 @@ def refine_ms(response) -> float:
 
 
 def test_the_wait_in_refine_text_is_in_the_scheduler_wait_and_the_waiting_gauge(server):
-    """Refine-text runs one request at a time here (its own worker): concurrent requests queue there,
-    with free engine slots. Each response's refine stage (its queue included) is part of the wait the
-    scheduler metric reports for it; before, it counted from the audio pass's submission only."""
+    """Concurrent requests with free engine slots: each response's refine stage (its queue included: on
+    the reference engine refine-text takes one request at a time) is part of the wait the scheduler
+    metric reports for it; before, it counted from the audio pass's submission only."""
     n = 6
     wait_sum = sample(server, "vllm:scheduler_deadline_wait_seconds_sum")
     wait_count = sample(server, "vllm:scheduler_deadline_wait_seconds_count")
@@ -73,6 +77,7 @@ def test_the_wait_in_refine_text_is_in_the_scheduler_wait_and_the_waiting_gauge(
 
 def test_a_client_that_leaves_during_refine_stops_there(server):
     steps = sample(server, "chattts_engine_steps_total")
+    refined = sample(server, "chattts_first_audio_stage_seconds_count", stage="refine")
     aborted = sample(server, "chattts_requests_total", status="aborted")
     body = (b'{"model": "chattts", "voice": "alloy", "input": "nobody waits for this", '
             b'"response_format": "pcm", "refine_max_new_tokens": 1500, "refine_temperature": 0}')
@@ -86,7 +91,10 @@ def test_a_client_that_leaves_during_refine_stops_there(server):
         time.sleep(0.1)
     assert sample(server, "chattts_requests_total", status="aborted") == aborted + 1
     time.sleep(0.5)
-    assert sample(server, "chattts_engine_steps_total") == steps  # its audio pass never started
+    assert sample(server, "chattts_first_audio_stage_seconds_count", stage="refine") == refined  # cut short
+    assert sample(server, "chattts_requests_running") == 0
+    if server.engine == "reference":  # refine runs outside this engine: no step at all, no audio pass
+        assert sample(server, "chattts_engine_steps_total") == steps
 
 
 def test_same_seed_with_refine_on_gives_the_same_audio(server):
