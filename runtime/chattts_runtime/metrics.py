@@ -2,12 +2,12 @@
 
 | metric | type | meaning |
 |---|---|---|
-| ``vllm:scheduler_deadline_wait_seconds`` | histogram | time from a request's arrival until the engine first runs its audio (its first piece's prefill starts, or upstream's first-piece voice pass's): every stage before it (refine-text, its queue included, and admission) counted, once per response. Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
+| ``vllm:scheduler_deadline_wait_seconds`` | histogram | the time a response waited in queues before the engine runs its first audio: its first piece's wait from submission to prefill, plus its waits in the stages before (refine-text's queue, upstream's first-piece voice pass's admission), once per response, observed when the first piece is scheduled. The stages' own work (refine's tokens, the voice pass's generation) is not a wait: it is in time to first audio and ``chattts_first_audio_stage_seconds``. Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
 | ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine, and speech requests in refine-text |
 | ``chattts_requests_running`` | gauge | requests the engine is generating |
 | ``chattts_batch_size`` | histogram | sequences per engine step (1 = no batching) |
 | ``chattts_time_to_first_audio_seconds`` | histogram | request received -> first audio bytes ready (streaming) or whole response ready (non-streaming): refine-text and a long input's first-piece voice pass included |
-| ``chattts_first_audio_stage_seconds{stage}`` | histogram | the parts of the way to the first audio: ``refine`` (refine-text of every piece, its queue included), ``voice`` (upstream's first-piece voice pass: generation, decode and encode; its parts ``voice_wait`` for a slot, ``voice_generate``, ``voice_encode``), ``first_window`` (the first piece's submission -> its first audio), ``queue`` (the first piece's wait for a slot, inside ``first_window``); ``voice_sample`` (stream mode: the sample made after the first piece, not on the first audio's path) |
+| ``chattts_first_audio_stage_seconds{stage}`` | histogram | the parts of the way to the first audio: ``refine`` (refine-text of every piece, its queue included), ``voice`` (upstream's first-piece voice pass: generation, decode and encode; its parts ``voice_wait`` for a slot, ``voice_generate``, ``voice_encode``), ``refine_wait`` (refine-text's queue, inside ``refine``), ``first_window`` (the first piece's submission -> its first audio), ``queue`` (the first piece's wait for a slot, inside ``first_window``); ``voice_sample`` (stream mode: the sample made after the first piece, not on the first audio's path) |
 | ``chattts_real_time_factor`` | histogram | per request: wall time from arrival to last audio / audio duration (< 1 is faster than real time) |
 | ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
 | ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
@@ -67,8 +67,8 @@ class RuntimeMetrics:
             self.loop_lag.observe(max(0.0, time.monotonic() - start - interval))
 
     def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
-        if request.counts_wait:
-            self.deadline_wait.observe(max(0.0, wait_seconds))
+        if request.counts_wait:  # with the response's waits in the stages before (refine-text, a voice pass)
+            self.deadline_wait.observe(max(0.0, wait_seconds) + request.waited_before)
         request.scheduled_after = max(0.0, wait_seconds)
 
     def on_step(self, batch_size: int) -> None:

@@ -145,7 +145,7 @@ class Synthesis:
     # Seconds spent in each stage before the first audio (refine, voice), observed as they end.
     stages: dict[str, float] = field(default_factory=dict)
     received: float = field(default_factory=time.monotonic)  # when the request was prepared
-    submitted: float = 0.0  # when its first piece went to the engine (after refine and a voice pass)
+    waited: float = 0.0  # seconds in the queues of the stages before its first piece (refine, voice pass)
 
     @property
     def waits_before_audio(self) -> bool:
@@ -337,9 +337,10 @@ class SpeechService:
                    for request in (synthesis.request, *synthesis.more)]
         if self.engine.refines_text:  # every piece at once, batched in the engine with other requests'
             prompts = [refiner.prompt_ids(text, refine) for text, refine in zip(synthesis.texts, refines)]
+            waits: list[float] = []  # each piece's wait for a slot: they wait side by side
             try:
                 generated = await asyncio.gather(*(self.engine.refine_text(f"refine-{uuid.uuid4().hex}", p,
-                                                                           refine.sampling)
+                                                                           refine.sampling, on_wait=waits.append)
                                                    for p, refine in zip(prompts, refines)))
             except QueueFull as err:
                 raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
@@ -351,9 +352,20 @@ class SpeechService:
             except EngineError as err:
                 raise APIError(500, str(err), err_type="server_error") from None
             results = [refiner.read(g, len(p)) for g, p in zip(generated, prompts)]
-        else:
-            results = [await loop.run_in_executor(self._refine_pool, refiner.refine, text, refine)
-                       for text, refine in zip(synthesis.texts, refines)]
+            wait = max(waits, default=0.0)
+        else:  # one piece after the other on the refine worker: each waits for it again
+            results, wait = [], 0.0
+            for text, refine in zip(synthesis.texts, refines):
+                queued, started = time.monotonic(), []
+
+                def run(text=text, refine=refine, started=started):
+                    started.append(time.monotonic())
+                    return refiner.refine(text, refine)
+
+                results.append(await loop.run_in_executor(self._refine_pool, run))
+                wait += started[0] - queued
+        synthesis.waited += wait
+        self._stage(synthesis, "refine_wait", wait)
         refined_texts = []
         for index, (request, refined) in enumerate(zip((synthesis.request, *synthesis.more), results)):
             refined_texts.append(refined.text)
@@ -375,11 +387,9 @@ class SpeechService:
         room = self._sample_room(synthesis)
         params = replace(first.params, max_new_frames=min(first.params.max_new_frames, room),
                          min_new_frames=min(first.params.min_new_frames, room))
-        # Its wait counts from the request's arrival (refine-text before it included); the first piece
-        # after it then counts none of its own (one wait per response).
+        # Its queue wait is added to the first piece's (one observation per response, when audio starts).
         reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
-                            arrival=synthesis.received, stage=Stage.VOICE)
-        first.counts_wait = False
+                            arrival=time.monotonic(), stage=Stage.VOICE, counts_wait=False)
         stream = self._to_engine(reference)
         frames = []
         try:
@@ -396,7 +406,8 @@ class SpeechService:
         done = time.monotonic()
         self._stage(synthesis, "voice", done - began)
         # Its parts: the wait for a slot, the generation after it, then decode and encode into the sample.
-        wait = max(0.0, (reference.scheduled_after or 0.0) - (began - synthesis.received))
+        wait = reference.scheduled_after or 0.0
+        synthesis.waited += wait
         self._stage(synthesis, "voice_wait", wait)
         self._stage(synthesis, "voice_generate", generated - began - wait)
         self._stage(synthesis, "voice_encode", done - generated)
@@ -450,10 +461,8 @@ class SpeechService:
     # -- generation ------------------------------------------------------------------------
 
     def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
-        synthesis.submitted = time.monotonic()
-        # The first piece arrived with the request: its wait (the scheduler metric, its admission order)
-        # counts refine-text too; after upstream's voice pass, from now (its wait is counted there).
-        synthesis.request.arrival = synthesis.received if synthesis.request.counts_wait else synthesis.submitted
+        synthesis.request.arrival = time.monotonic()
+        synthesis.request.waited_before = synthesis.waited  # the scheduler metric counts every queue, once
         first = self._to_engine(synthesis.request)
         if not synthesis.more:
             return first
@@ -634,10 +643,9 @@ class SpeechService:
         now = time.monotonic()
         req = synthesis.request
         self.metrics.ttfa.observe(now - synthesis.received)
-        submitted = synthesis.submitted or req.arrival
-        self._stage(synthesis, "first_window", now - submitted)
-        if req.scheduled_after is not None:  # its wait after submission (the rest is the stages before)
-            self._stage(synthesis, "queue", max(0.0, req.scheduled_after - (submitted - req.arrival)))
+        self._stage(synthesis, "first_window", now - req.arrival)
+        if req.scheduled_after is not None:
+            self._stage(synthesis, "queue", req.scheduled_after)
 
     def encode(self, samples: np.ndarray, fmt: str) -> bytes:
         return encode(samples, fmt)
