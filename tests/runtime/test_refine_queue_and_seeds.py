@@ -15,15 +15,16 @@ from rt_helpers import launch_server, speech, stop_server, tiny_server_config
 REFINED = "X-ChatTTS-Refined-Text"
 
 
-@pytest.fixture(scope="module", params=["reference", "graph"])
+@pytest.fixture(scope="module", params=["reference", "graph", "graph-separate"])
 def server(request, tmp_path_factory, endless_checkpoint):
     """The reference engine refines in a worker of its own (one request at a time: a queue), the graph
-    engine as rows of its own steps (batched with the audio)."""
+    engine as rows of its own steps (batched with the audio), also from a process of its own."""
+    kind, _, process = request.param.partition("-")
     srv = launch_server(tiny_server_config(
-        endless_checkpoint, engine_kind=request.param, engine={"max_num_seqs": 32},
+        endless_checkpoint, engine_kind=kind, engine={"max_num_seqs": 32, "process": process or "same"},
         generation={"refine_text": True, "max_new_frames": 24, "audio_decoder": "dvae"}),
         tmp_path_factory.mktemp("refineq"))
-    srv.engine = request.param
+    srv.engine = kind
     yield srv
     stop_server(srv)
 
