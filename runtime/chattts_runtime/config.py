@@ -133,6 +133,22 @@ class ServerSettings(_Strict):
         "needs 'Authorization: Bearer <key>'. Unset: the API is open.")
     api_keys_reload_seconds: float = Field(2.0, gt=0, description="How often the key files are checked "
                                            "for changes (re-read without a restart).")
+    # The connection layer in front of the app (connections.py; the runtime README, "Connections"):
+    max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576, description="Request line and header fields "
+                                  "together; more get 431 and the connection is closed.")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="Header fields per request; more get 431.")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="A request's line and headers must arrive "
+                                          "within this from their first byte; else 408 and the connection closes.")
+    idle_timeout_seconds: float = Field(10.0, gt=0, description="A new connection that sends no request in "
+                                        "this time is closed.")
+    keep_alive_timeout_seconds: float = Field(5.0, gt=0, description="A kept-alive connection with no next "
+                                              "request in this time is closed.")
+    send_timeout_seconds: float = Field(30.0, gt=0, description="A response whose client has read nothing for "
+                                        "this long (the send buffer stays full) is aborted and its engine "
+                                        "slot freed.")
+    max_connections: int | None = Field(None, ge=1, description="Open connections at most; more are answered "
+                                        "503 and closed, with a log line. None: the file-descriptor soft limit "
+                                        "minus 128 (kept for the model, the engine and the log).")
 
 
 class GenerationSettings(_Strict):

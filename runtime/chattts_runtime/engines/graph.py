@@ -419,6 +419,7 @@ class _TextJob:
     slot: int = -1
     tokens: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
+    scheduled_after: float | None = None  # seconds from arrival to its prefill
 
 
 class _RefineHost:
@@ -933,17 +934,18 @@ class GraphEngine(ReferenceEngine):
             self._refine.waiting.append(job)
             self._cond.notify()
 
-    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams) -> list[int]:
+    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams, on_wait=None) -> list[int]:
         if self._loop is None:
             raise EngineError("engine not started")
         return await self._text_jobs.run(job_id, lambda: self.enqueue_text(job_id, prompt_ids, params),
-                                         lambda: self.abort(job_id))
+                                         lambda: self.abort(job_id), on_wait)
 
-    def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None) -> None:
+    def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None,
+                     wait: float | None = None) -> None:
         """A refine job ended (worker thread); the engine process replaces this with a pipe message."""
         if self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error)
+                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error, wait)
             except RuntimeError:  # the event loop is gone
                 pass
 
@@ -953,8 +955,10 @@ class GraphEngine(ReferenceEngine):
 
     def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
         state, host = self._state, self._refine
+        now = time.monotonic()
         for job in jobs:
             job.slot = heapq.heappop(self._free)
+            job.scheduled_after = max(0.0, now - job.arrival)
         n = len(jobs)
         rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
         meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
@@ -993,7 +997,7 @@ class GraphEngine(ReferenceEngine):
         del host.running[job.slot]
         self._text_index_stale = True
         heapq.heappush(self._free, job.slot)
-        self._text_result(job.job_id, job.tokens, error)
+        self._text_result(job.job_id, job.tokens, error, job.scheduled_after)
 
     # -- decode steps ----------------------------------------------------------------------------
 
