@@ -53,7 +53,6 @@ class RefineParams:
 
 
 def refine_prompt(text: str, controls: str) -> str:
-    """Upstream's ``Speaker.decorate_text_prompts``; the refine delimiters typed by a user are removed."""
-    for token in (REFINE_START, REFINE_PROMPT, REFINE_END):
-        text = text.replace(token, "")
+    """Upstream's ``Speaker.decorate_text_prompts``: the text as it is, break tokens typed in it included
+    (upstream removes none; a user's ``[Pbreak]`` or ``[Ebreak]`` reaches the model there too)."""
     return f"{REFINE_START}{text}{REFINE_PROMPT}{controls}"
