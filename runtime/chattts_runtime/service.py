@@ -240,9 +240,12 @@ class SpeechService:
         except NothingToSay as err:
             raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
         except SentenceTooLong as err:
-            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
-                           f"with the audio it needs: split it with punctuation", param="input",
-                           code="sentence_too_long") from None
+            budget = self.frontend.budget
+            most = budget.max_text_tokens(req.speed)
+            raise APIError(400, f"{err}; one piece holds about {most} text tokens at most (engine.max_model_len "
+                           f"{budget.max_model_len}, {budget.frames_per_text_token:g} frames budgeted per token at "
+                           f"speed {req.speed:g}): add punctuation or spaces", param="input",
+                           code="input_too_long") from None
 
     def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
                      index: int = 0, piece_frames: int | None = None,
