@@ -132,6 +132,42 @@ class Synthesis:
         return sum(len(r.prompt_ids) for r in (self.request, *self.more))
 
 
+def upstream_data(config: RuntimeConfig, normalizer: dict, speaker_stats) -> dict:
+    """What this runtime found of the data that makes its text and voices upstream's, said once at start-up
+    (logged; ``/health``'s ``upstream_data``): the homophone table, the speaker statistics (voice presets) and
+    the language normalizers (numbers, dates, amounts spoken). ``missing`` names each one that the config asks
+    for (the defaults ask for all) and that was not found: speech still works, but not as upstream's."""
+    text = config.text
+    normalizers = normalizer["language_normalizers"]
+    found = {
+        "homophones": normalizer["homophones_source"],
+        "speaker_stats": None if speaker_stats is None else speaker_stats.source,
+        "normalizers": normalizers,
+    }
+    missing = []
+    if text.homophones and found["homophones"] is None:
+        missing.append("homophones")
+    if found["speaker_stats"] is None:
+        missing.append("speaker_stats")
+    if text.language_normalizers == "installed":
+        missing += [f"normalizer_{lang}" for lang in ("zh", "en") if lang not in normalizers]
+    for name in missing:
+        log.warning("upstream data missing: %s (%s)", name, _MISSING[name.split("_")[0]])
+    log.info("upstream data: homophones %s, speaker statistics %s, normalizers %s", found["homophones"],
+             found["speaker_stats"], normalizers or "none")
+    return {**found, "missing": missing}
+
+
+_MISSING = {
+    "homophones": "no homophones_map.json in text.homophones_map, the checkpoint dir or an installed chattts "
+                  "package: rare Chinese characters are not replaced as upstream",
+    "speaker": "no speaker statistics in the checkpoint (asset/spk_stat.pt) or an installed chattts package: "
+               "voice presets answer 400, speaker strings still work",
+    "normalizer": "the language normalizer is not installed (WeTextProcessing for zh, nemo_text_processing for "
+                  "en): digits, dates and amounts in that language are dropped, not spoken",
+}
+
+
 class SpeechService:
     def __init__(self, config: RuntimeConfig, model, engine: Engine, metrics: RuntimeMetrics):
         self.config = config
@@ -151,6 +187,7 @@ class SpeechService:
         from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
+        self.upstream_data = upstream_data(config, self.frontend.normalizer.describe(), model.speaker_stats)
         metrics.bind_engine(engine)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
         self._can_sample_voice = model.encoder is not None
