@@ -162,6 +162,9 @@ class TextSettings(_Strict):
         "register them: wetext (WeTextProcessing, zh), nemo (nemo_text_processing, en). installed (default): each "
         "one that is installed (the runtime image carries both; /health's upstream_data says which were found); "
         "a list: exactly those, a missing one fails the start; []: none (upstream's Chat default).")
+    normalizer_grammars: str | None = Field(
+        None, description="Where nemo's compiled English grammars are cached (default: the installation's "
+        "share/chattts-runtime/grammars, filled at image build time); absent: compiled at start-up (minutes).")
     drop_unknown_characters: bool = Field(
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(

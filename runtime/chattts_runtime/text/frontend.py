@@ -34,7 +34,7 @@ class FrontEnd:
         known = tokenizer.knows_character if text.drop_unknown_characters else None
         normalizer = build_normalizer(Path(config.model.path), homophones_map=text.homophones_map,
                                       homophones=text.homophones, language_normalizers=text.language_normalizers,
-                                      known_character=known)
+                                      known_character=known, grammar_dir=text.normalizer_grammars)
         budget = FrameBudget(config.engine.max_model_len, config.generation.max_new_frames,
                              text.frames_per_text_token)
         return cls(tokenizer, normalizer, budget)

@@ -158,7 +158,8 @@ class TextNormalizer:
 
 def build_normalizer(model_dir: str | Path | None, *, homophones_map: str | Path | None = None,
                      homophones: bool = True, language_normalizers: Iterable[str] | str = (),
-                     known_character: Callable[[str], bool] | None = None) -> TextNormalizer:
+                     known_character: Callable[[str], bool] | None = None,
+                     grammar_dir: str | Path | None = None) -> TextNormalizer:
     table, source = None, None
     if homophones:
         path = find_homophones_map(model_dir, homophones_map)
@@ -168,9 +169,10 @@ def build_normalizer(model_dir: str | Path | None, *, homophones_map: str | Path
         else:
             table, source = load_homophones(path), str(path)
             log.info("homophone table: %s (%d characters)", path, len(table))
-    from chattts_runtime.text.language import INSTALLED, NORMALIZER_LANGUAGE, installed_normalizers  # noqa: PLC0415
-    from chattts_runtime.text.language import load_language_normalizers  # noqa: PLC0415
+    from chattts_runtime.text import language  # noqa: PLC0415
 
-    names = installed_normalizers() if language_normalizers == INSTALLED else list(language_normalizers)
-    return TextNormalizer(table, load_language_normalizers(names), known_character, source,
-                          {NORMALIZER_LANGUAGE[n]: n for n in names})
+    names = language.installed_normalizers() if language_normalizers == language.INSTALLED \
+        else list(language_normalizers)
+    grammars = language.GRAMMAR_DIR if grammar_dir is None else Path(grammar_dir)
+    return TextNormalizer(table, language.load_language_normalizers(names, grammars), known_character, source,
+                          {language.NORMALIZER_LANGUAGE[n]: n for n in names})
