@@ -189,3 +189,13 @@ def test_every_speaker_position_carries_the_speaker_as_upstreams(upstream):
         assert int((input_ids[0, :, 0] == chat.tokenizer.spk_emb_ids).sum()) == positions
         # (the speaker rows within the float32-vs-float16 normalisation the runtime README states)
         np.testing.assert_allclose(ours[0].numpy(), emb[0].numpy(), atol=1e-4, rtol=0)
+
+
+def test_a_piece_that_normalizes_to_nothing_is_dropped_not_synthesized(sides):
+    """The one decided difference in the pieces: upstream keeps a piece that normalization empties and
+    synthesizes its empty prompt (free babble, up to 2,048 frames, and with it a first-piece voice pass that
+    the spoken text alone would not have); here it is dropped (README, "Same as upstream")."""
+    chat, _, _, _, frontend = sides
+    text = "1234\nhello world"
+    assert upstream_pieces_and_texts(chat, text) == ["", "hello world"]
+    assert [p.text for p in frontend.pieces(text)] == ["hello world"]
