@@ -23,8 +23,9 @@ runs, per piece of text, these stages; each is a function here so it can be test
    characters inside the set that the vocabulary lacks become ``[UNK]`` as upstream.
    :func:`drop_unknown` (opt-in) drops those too, using the checkpoint's vocabulary.
 
-One deliberate difference: an unclosed ``[`` is plain text here (then dropped as an
-unsupported character); upstream silently loses everything after it.
+One deliberate difference: an unclosed ``[`` (no ``]`` before the next ``[`` or the end) is plain
+text here (then dropped as an unsupported character); upstream silently loses what follows it, up
+to the next ``[``.
 """
 from __future__ import annotations
 
