@@ -41,7 +41,8 @@ class FrontEnd:
 
     def pieces(self, text: str, *, normalize: bool = True, lang: Language | None = None,
                with_speaker: bool = True, speed: float = 1.0, voice_from_first: bool = False) -> list[TextPiece]:
-        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a sentence beyond the budget.
+        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a run without sentence end, clause mark
+        or white space that alone cannot fit the context.
 
         ``voice_from_first``: every piece of a long input will also hold the first piece's text and
         audio (its voice sample, ``SpeechService.voice_from_first_piece``) in its context. When some
