@@ -158,6 +158,7 @@ def upstream_data(config: RuntimeConfig, normalizer: dict, speaker_stats) -> dic
     return {**found, "missing": missing}
 
 
+UPSTREAM_ITEMS = ("homophones", "speaker_stats", "normalizer_zh", "normalizer_en")
 _MISSING = {
     "homophones": "no homophones_map.json in text.homophones_map, the checkpoint dir or an installed chattts "
                   "package: rare Chinese characters are not replaced as upstream",
@@ -188,6 +189,8 @@ class SpeechService:
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
         self.upstream_data = upstream_data(config, self.frontend.normalizer.describe(), model.speaker_stats)
+        for item in UPSTREAM_ITEMS:
+            metrics.upstream_data_missing.labels(item).set(int(item in self.upstream_data["missing"]))
         metrics.bind_engine(engine)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
         self._can_sample_voice = model.encoder is not None

@@ -74,6 +74,10 @@ def test_health_ready_models(server):
             assert (f"normalizer_{lang}" in data["missing"]) == (data["normalizers"].get(lang) != name)
         log = server.log_path.read_text()
         assert all(f"upstream data missing: {name} (" in log for name in data["missing"])
+        metrics = c.get("/metrics").text
+        for item in ("homophones", "speaker_stats", "normalizer_zh", "normalizer_en"):
+            value = 1.0 if item in data["missing"] else 0.0
+            assert f'chattts_upstream_data_missing{{item="{item}"}} {value}' in metrics
         ready = c.get("/ready")
         assert ready.status_code == 200 and ready.json()["engine"] == "reference"
         models = c.get("/v1/models").json()
