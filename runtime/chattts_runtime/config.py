@@ -180,8 +180,14 @@ class TextSettings(_Strict):
     homophones: bool = Field(True, description="Replace rare Chinese characters by homophones when a table is found.")
     homophones_map: str | None = Field(
         None, description="homophones_map.json to use; default: the checkpoint dir, else an installed chattts package.")
-    language_normalizers: list[Literal["wetext", "nemo"]] = Field(
-        default_factory=list, description="Optional extras that spell out numbers: wetext (zh), nemo (en).")
+    language_normalizers: Literal["installed"] | list[Literal["wetext", "nemo"]] = Field(
+        "installed", description="Normalizers that spell out numbers, dates and amounts, as upstream's examples "
+        "register them: wetext (WeTextProcessing, zh), nemo (nemo_text_processing, en). installed (default): each "
+        "one that is installed (the runtime image carries both; /health's upstream_data says which were found); "
+        "a list: exactly those, a missing one fails the start; []: none (upstream's Chat default).")
+    normalizer_grammars: str | None = Field(
+        None, description="Where nemo's compiled English grammars are cached (default: the installation's "
+        "share/chattts-runtime/grammars, filled at image build time); absent: compiled at start-up (minutes).")
     drop_unknown_characters: bool = Field(
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(

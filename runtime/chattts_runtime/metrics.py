@@ -58,6 +58,9 @@ class RuntimeMetrics:
                                     "by reason.", ["reason"], registry=r)
         self.loop_lag = Histogram("chattts_event_loop_lag_seconds", "How late the event loop runs a timer.",
                                   buckets=_LAG_BUCKETS, registry=r)
+        self.upstream_data_missing = Gauge(
+            "chattts_upstream_data_missing", "1 when start-up did not find this upstream data the config asks for "
+            "(homophones, speaker_stats, normalizer_zh, normalizer_en), else 0.", ["item"], registry=r)
 
     async def watch_loop_lag(self, interval: float = LAG_SAMPLE_SECONDS) -> None:
         """Runs until cancelled: each sleep's overshoot is time the loop could not serve anyone."""

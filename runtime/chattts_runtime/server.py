@@ -102,7 +102,8 @@ def build_app(holder: "ServiceHolder"):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        service = holder.service  # upstream_data: what start-up found (None while loading)
+        return {"status": "ok", "upstream_data": None if service is None else service.upstream_data}
 
     @app.get("/ready")
     async def ready():
@@ -300,7 +301,8 @@ class ServiceHolder:
             model = await asyncio.to_thread(load_chattts, self.config.model.path, device=device, dtype=dtype)
             engine = create_engine(self.config, model, self.metrics, on_failure=self._engine_failed)
             await engine.start()
-            service = SpeechService(self.config, model, engine, self.metrics)
+            # Off the loop: it reads the homophone table and loads the language normalizers' grammars.
+            service = await asyncio.to_thread(SpeechService, self.config, model, engine, self.metrics)
             self.service = service
             if self.config.generation.warmup:
                 await service.warmup()

@@ -158,6 +158,43 @@ class Synthesis:
         return sum(len(r.prompt_ids) for r in (self.request, *self.more))
 
 
+def upstream_data(config: RuntimeConfig, normalizer: dict, speaker_stats) -> dict:
+    """What this runtime found of the data that makes its text and voices upstream's, said once at start-up
+    (logged; ``/health``'s ``upstream_data``): the homophone table, the speaker statistics (voice presets) and
+    the language normalizers (numbers, dates, amounts spoken). ``missing`` names each one that the config asks
+    for (the defaults ask for all) and that was not found: speech still works, but not as upstream's."""
+    text = config.text
+    normalizers = normalizer["language_normalizers"]
+    found = {
+        "homophones": normalizer["homophones_source"],
+        "speaker_stats": None if speaker_stats is None else speaker_stats.source,
+        "normalizers": normalizers,
+    }
+    missing = []
+    if text.homophones and found["homophones"] is None:
+        missing.append("homophones")
+    if found["speaker_stats"] is None:
+        missing.append("speaker_stats")
+    if text.language_normalizers == "installed":
+        missing += [f"normalizer_{lang}" for lang in ("zh", "en") if lang not in normalizers]
+    for name in missing:
+        log.warning("upstream data missing: %s (%s)", name, _MISSING[name.split("_")[0]])
+    log.info("upstream data: homophones %s, speaker statistics %s, normalizers %s", found["homophones"],
+             found["speaker_stats"], normalizers or "none")
+    return {**found, "missing": missing}
+
+
+UPSTREAM_ITEMS = ("homophones", "speaker_stats", "normalizer_zh", "normalizer_en")
+_MISSING = {
+    "homophones": "no homophones_map.json in text.homophones_map, the checkpoint dir or an installed chattts "
+                  "package: rare Chinese characters are not replaced as upstream",
+    "speaker": "no speaker statistics in the checkpoint (asset/spk_stat.pt) or an installed chattts package: "
+               "voice presets answer 400, speaker strings still work",
+    "normalizer": "the language normalizer is not installed (WeTextProcessing for zh, nemo_text_processing for "
+                  "en): digits, dates and amounts in that language are dropped, not spoken",
+}
+
+
 class SpeechService:
     def __init__(self, config: RuntimeConfig, model, engine: Engine, metrics: RuntimeMetrics):
         self.config = config
@@ -178,6 +215,9 @@ class SpeechService:
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
         self.refining = 0  # speech requests in refine-text: waiting for their audio (the waiting gauge)
+        self.upstream_data = upstream_data(config, self.frontend.normalizer.describe(), model.speaker_stats)
+        for item in UPSTREAM_ITEMS:
+            metrics.upstream_data_missing.labels(item).set(int(item in self.upstream_data["missing"]))
         metrics.bind_engine(engine, waiting_before=lambda: self.refining)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
         self._can_sample_voice = model.encoder is not None
@@ -270,9 +310,12 @@ class SpeechService:
         except NothingToSay as err:
             raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
         except SentenceTooLong as err:
-            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
-                           f"with the audio it needs: split it with punctuation", param="input",
-                           code="sentence_too_long") from None
+            budget = self.frontend.budget
+            most = budget.max_text_tokens(req.speed)
+            raise APIError(400, f"{err}; one piece holds about {most} text tokens at most (engine.max_model_len "
+                           f"{budget.max_model_len}, {budget.frames_per_text_token:g} frames budgeted per token at "
+                           f"speed {req.speed:g}): add punctuation or spaces", param="input",
+                           code="input_too_long") from None
 
     def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
                      index: int = 0, piece_frames: int | None = None,

@@ -59,7 +59,7 @@ from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.engines.base import TextJobs
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import (
-    SamplingParams, block_end, draw, new_generator, repetition_counts, token_probs)
+    SamplingParams, draw, greedy_tokens, new_generator, repetition_counts, token_probs)
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +237,13 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
     """``logits [B, heads, V]`` float32 of slots ``rows`` -> tokens ``[B, heads]``.
 
     ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
-    greedy rows take the argmax, the others ``token_probs`` over their last ``window`` tokens
-    of ``history`` (its ring; ``V`` marks an empty entry) and one counter-based uniform per head.
+    greedy rows take ``greedy_tokens`` (the repetition penalty applied), the others ``token_probs``,
+    both over their last ``window`` tokens of ``history`` (its ring; ``V`` marks an empty entry),
+    with one counter-based uniform per head.
     """
     b, q, v = logits.shape
     generated = state.generated[rows]
     blocked = generated < state.min_frames[rows]
-    greedy_codes = block_end(logits, blocked, eos).argmax(dim=-1)
     temperature = state.temperature[rows]
     greedy = temperature == 0
 
@@ -252,10 +252,12 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
     age = (generated[:, None] - 1 - state.ring[None, :]) % w  # ring slot j holds step generated-1-age
     recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
     recent = torch.where(recent_ok[:, :, None], history[rows], v)  # v = "no token"
+    counts = repetition_counts(recent, v)
+    penalty = state.penalty[rows]
+    greedy_codes = greedy_tokens(logits, penalty, counts, blocked, eos)
     probs, order = token_probs(
-        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), state.penalty[rows],
-        repetition_counts(recent, v), state.top_p[rows], state.top_k[rows],
-        blocked, eos)
+        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), penalty, counts,
+        state.top_p[rows], state.top_k[rows], blocked, eos)
     sampled = draw(probs, order, counter_uniforms(state.seed[rows], generated, q))
     return torch.where(greedy[:, None], greedy_codes, sampled)
 
