@@ -167,9 +167,11 @@ def build_app(holder: "ServiceHolder"):
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         speech_request = parse_speech_request(payload)
         # Off the event loop when long: the text front-end tokenizes every piece of a long input (tens of
-        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded.
+        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded; and
+        # always when a language normalizer may run (WeTextProcessing / nemo: 0.1-0.9 s for one piece).
         synthesis = await off_loop_if(len(speech_request.input) > INLINE_PREPARE_CHARS
-                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS,
+                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS
+                                      or service.may_spell_out(speech_request),
                                       service.prepare, speech_request)
         if synthesis.waits_before_audio:  # refine-text, a voice pass: stopped there when the client leaves
             try:

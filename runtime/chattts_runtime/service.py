@@ -231,6 +231,12 @@ class SpeechService:
 
     # -- validation ------------------------------------------------------------------------
 
+    def may_spell_out(self, req: SpeechRequest) -> bool:
+        """Whether preparing ``req`` may run a language normalizer (costly: the server then prepares it
+        off the event loop)."""
+        normalize = self.config.text.normalize if req.normalize is None else req.normalize
+        return normalize and bool(self.frontend.normalizer.language_normalizers)
+
     def prepare(self, req: SpeechRequest) -> Synthesis:
         if req.model not in self.model_names and not _DATED_ALIAS.fullmatch(req.model):
             raise APIError(404, f"model {quote(req.model)} is not served here; use {self.config.model.served_name!r}",
