@@ -120,3 +120,27 @@ def test_a_refused_network_policy_serves_nothing_and_is_never_ready(crds, namesp
     wait_until(lambda: condition(get(kubectl, namespace, "ctd", "fenced"), "Ready").get("status") == "True"
                and get(kubectl, namespace, "networkpolicy", "fenced")["spec"]["ingress"][0]["from"][0]
                ["podSelector"]["matchLabels"] == {"app": "api"}, "the new fence, then Ready")
+
+
+def test_a_blocked_spec_asking_for_a_refused_fence_stops_the_unfenced_pods(crds, namespace, operators):
+    """Serving without a NetworkPolicy, then a spec that asks for one and cannot start (no GPU
+    that large): nothing of the new generation is rolled out, and the pods of the old one, which
+    have no fence, stop serving while the fence is refused."""
+    kubectl = crds.kubectl
+    operators(resync_interval_seconds="2").start()
+    apply(kubectl, namespace, ctd("open", replicas=1))
+    wait_until(lambda: condition(get(kubectl, namespace, "ctd", "open"), "Ready").get("status") == "True",
+               "serving without a fence")
+    frozen = _freeze_network_policies(kubectl, namespace)
+    try:
+        kubectl("patch", "ctd", "open", "-n", namespace, "--type=merge", "-p", json.dumps(
+            {"spec": {"networkPolicy": {"allowFrom": PEERS}, "gpu": {"memory": "4000Gi"}}}))
+        obj = wait_until(lambda: (o := get(kubectl, namespace, "ctd", "open"))
+                         and condition(o, "Protected").get("reason") == "ProtectionNotApplied" and o,
+                         "Protected=False on the blocked spec")
+        assert condition(obj, "Ready")["status"] == "False"
+        assert condition(obj, "GPUCapacity")["status"] == "False"
+        wait_until(lambda: get(kubectl, namespace, "deploy", "open")["spec"]["replicas"] == 0
+                   and not _serving_pods(kubectl, namespace, "open"), "the unfenced pods gone")
+    finally:
+        _lift(kubectl, frozen)

@@ -47,7 +47,7 @@ from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
 from chattts_operator.core.kube import Kube, NodeGpuCache, is_newer
-from chattts_operator.core.labels import LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
+from chattts_operator.core.labels import FIELD_MANAGER, LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import (
@@ -435,6 +435,14 @@ class DeploymentController:
         if observed.protection_held:
             # The pods that serve keep the policy applied before: report their Deployment.
             observed.live_deployment = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
+        elif observed.protection_error is not None and not any(c["kind"] == "Deployment" for c in wanted):
+            # A spec that cannot start (blocked) applies no Deployment: the one serving an earlier,
+            # unfenced generation goes to 0 all the same.
+            live = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
+            if live is not None and int((live.get("spec") or {}).get("replicas") or 0) > 0:
+                await self.kube.scale("Deployment", desired.owner.namespace, desired.owner.name, 0,
+                                      field_manager=FIELD_MANAGER)
+                metrics.CHILD_WRITES.labels("Deployment").inc()
         for child, live in zip(wanted, lives):
             if child["kind"] == "Deployment" and "Deployment" not in refused:
                 observed.live_deployment = live
