@@ -29,8 +29,9 @@ FROM ${PYTHON_IMAGE} AS build
 # reference engine only).
 ARG EXTRAS=runtime,vllm,text-zh,text-en
 # nemo_text_processing's cdifflib is published as source only: its C extension needs a compiler
-# here (the Python headers come with the base image). The final stage does not get these.
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+# and the Python headers here (the base is Debian's python3, whose headers are python3-dev). The
+# final stage does not get these.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
 # A folder holding extra wheels (the CPU image: torch +cpu), bind-mounted into the build; empty: none.
 ARG TORCH_WHEELS=
