@@ -14,7 +14,7 @@
 # run          copies any carried piece the same way, then: all pieces present and their hashes right,
 #              the bundle assembled and checked, its wheels installed with pip --no-deps into $SITE
 #              (default /tmp/vllm-site; a wheel whose distribution the image already has is skipped
-#              and named), vLLM's plugin entry point for the ChatTTS model written there; then the steps,
+#              and named, but for vLLM and h200.sh's speech API set), vLLM's plugin entry point for the ChatTTS model written there; then the steps,
 #              in order of value, each under `timeout` (its cap and what is left of --budget, default
 #              540 s), a failing step not stopping the next:
 #   imports      python3 -m bench.runtime.vllm_imports: every module an engine start imports (MISSING x: y)
@@ -45,7 +45,7 @@ LEVELS="${LEVELS:-1,16,64,256}"
 KNOWN_STEPS="imports check vllm graph vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
 DEFAULT_STEPS="imports check vllm graph vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
 cd "$(dirname "$0")/../.." || exit 2
-CARRIED=.vllm/pieces
+CARRIED="${VLLM_DIR:-.vllm}/pieces"  # the pieces the calls carry (vllm_prepare.sh writes them)
 
 die() { echo "vllm_h200.sh: $*" >&2; exit 2; }
 
@@ -133,9 +133,12 @@ else
 import importlib.metadata as md, pathlib, re, sys
 norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
 have = {norm(d.metadata["Name"]): d.version for d in md.distributions() if d.metadata["Name"]}
+# Always ours: vLLM, and the speech API's set that bench/runtime/h200.sh installs over the image (known good).
+always = {"vllm", "fastapi", "starlette", "uvicorn", "httptools", "pydantic", "pydantic-core", "annotated-types",
+          "typing-inspection"}
 for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
     name, version = wheel.name.split("-")[:2]
-    if name.lower() != "vllm" and norm(name) in have:
+    if norm(name) not in always and norm(name) in have:
         print(f"skip {wheel.name} (the image has {norm(name)} {have[norm(name)]})")
     else:
         print(f"install {wheel}")
