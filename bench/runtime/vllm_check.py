@@ -86,7 +86,7 @@ def refine_agreement(reference: list[list[int]], test: list[list[int]]) -> dict:
             "token_agreement": same_tokens / max(tokens, 1)}
 
 
-async def main_async(args) -> dict:
+async def main_async(args, save=lambda report: None) -> dict:
     import torch  # noqa: PLC0415
 
     from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
@@ -124,7 +124,16 @@ async def main_async(args) -> dict:
         return out
 
     report = {"size": args.size, "device": device, "frames": args.frames, "max_model_len": args.max_model_len,
-              "max_num_seqs": args.max_num_seqs, "prompts": PROMPTS, "refine_tokens": REFINE_TOKENS, "variants": {}}
+              "max_num_seqs": args.max_num_seqs, "prompts": PROMPTS, "refine_tokens": REFINE_TOKENS, "variants": {},
+              "reference_refine": reference_refine, "began": began, "torch": torch.__version__,
+              "device_name": torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()}
+    try:
+        import vllm  # noqa: PLC0415
+
+        report["vllm"] = vllm.__version__
+    except ImportError:
+        report["vllm"] = None
+    save(report)
     for dtype, eager in args.vllm:
         name = f"vllm {dtype} {'eager' if eager else 'cuda graphs'}"
         try:
@@ -139,6 +148,7 @@ async def main_async(args) -> dict:
             "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "startup_s": got["startup_s"],
             "cli_args": got["cli_args"], "against_reference_float32": against_reference(got["codes"]),
             "refine": refine_agreement(reference_refine, got["refine"])}
+        save(report)  # a later variant running out of time keeps this one's figures
         s = entry["against_reference_float32"]["greedy"]["summary"]
         print(f"{name}: greedy frames equal {s['frame_agreement']:.1%}, identical {s['identical_outputs']}/"
               f"{s['prompts']}; refine identical {entry['refine']['identical']}/{entry['refine']['prompts']}; "
@@ -155,16 +165,7 @@ async def main_async(args) -> dict:
         except Exception as err:
             traceback.print_exc()
             report["variants"]["graph bfloat16"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
-    report["reference_refine"] = reference_refine
-    report["seconds"] = round(time.monotonic() - began, 1)
-    report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()
-    report["torch"] = torch.__version__
-    try:
-        import vllm  # noqa: PLC0415
-
-        report["vllm"] = vllm.__version__
-    except ImportError:
-        report["vllm"] = None
+    save(report)
     return report
 
 
@@ -230,14 +231,20 @@ def main(argv: list[str] | None = None) -> int:
         args.vllm = [("float32", True)] + ([("bfloat16", False)] if cuda else [])
     if not cuda:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    report = asyncio.run(main_async(args))
-    report["date"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-    report["command"] = "python -m bench.runtime.vllm_check " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"vllm-check-{'h200' if 'H200' in report['device_name'] else args.device}-{report['date']}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
-    stem.with_suffix(".md").write_text(markdown(report))
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    command = "python -m bench.runtime.vllm_check " + " ".join(argv if argv is not None else sys.argv[1:])
+    stem = None
+
+    def save(report: dict) -> None:
+        nonlocal stem
+        report.update(date=date, command=command, seconds=round(time.monotonic() - report["began"], 1))
+        stem = out / f"vllm-check-{'h200' if 'H200' in report['device_name'] else args.device}-{date}"
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        stem.with_suffix(".md").write_text(markdown(report))
+
+    report = asyncio.run(main_async(args, save))
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.json and .md")
     bad = float32_mismatches(report)

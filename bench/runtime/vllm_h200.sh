@@ -164,7 +164,7 @@ fi
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
-declare -A CAP=([imports]=60 [check]=210 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
+declare -A CAP=([imports]=60 [check]=240 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
                 [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [anchor]=100)
 if [ "$smoke" = 1 ]; then
   DEVICE=cpu SIZE=tiny

@@ -15,7 +15,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 
 MODULES = [
     "vllm", "vllm.platforms.cuda", "vllm._custom_ops", "vllm.vllm_flash_attn",
