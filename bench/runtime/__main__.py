@@ -238,6 +238,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         f"Model: `{p['size']}` random weights ({p['model']}), {p.get('engine', 'reference')} engine, {p['dtype']}, "
         + (f"mixed lengths (1 to 4 sentences, {FRAMES_PER_WORD} frames per word, at most {p['frames']}), "
            if p.get("mixed") else f"{p['frames']} frames per request ({p['frames'] * 512 / SAMPLE_RATE:.2f} s of audio), ")
+        + (f"vLLM settings {json.dumps(p['vllm'], sort_keys=True)}, " if p.get("vllm") else "")
         + f"refine-text {'on' if p.get('refine_text') else 'off'}, audio path {p.get('audio_decoder', 'dvae')}, "
         f"streaming PCM "
         f"through the speech API, sampling (temperature 0.3). Environment: "
