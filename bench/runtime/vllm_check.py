@@ -36,12 +36,56 @@ from bench.runtime.dtype_agreement import PROMPTS, compare, generate, summarize
 REFINE_TOKENS = 48  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
 
 
-def parse_variant(text: str) -> tuple[str, bool]:
-    """``DTYPE[:eager|:graphs]`` -> (dtype, enforce_eager)."""
-    dtype, _, mode = text.partition(":")
-    if dtype not in ("float32", "bfloat16", "float16") or mode not in ("", "eager", "graphs"):
-        raise argparse.ArgumentTypeError(f"expected DTYPE[:eager|:graphs] (float32, bfloat16, float16), got {text!r}")
-    return dtype, mode == "eager" or (mode == "" and dtype == "float32")
+def parse_variant(text: str) -> tuple[str, bool, str]:
+    """``DTYPE[:eager|:graphs][:fp8]`` -> (dtype, enforce_eager, kv_cache_dtype); ``graph``: the graph engine."""
+    if text == "graph":
+        return ("graph", False, "auto")
+    dtype, *rest = text.split(":")
+    mode = rest[0] if rest else ""
+    kv = rest[1] if len(rest) > 1 else "auto"
+    if dtype not in ("float32", "bfloat16", "float16") or mode not in ("", "eager", "graphs") \
+            or kv not in ("auto", "fp8") or len(rest) > 2:
+        raise argparse.ArgumentTypeError(f"expected graph or DTYPE[:eager|:graphs][:fp8] (float32, bfloat16, "
+                                         f"float16), got {text!r}")
+    return dtype, mode == "eager" or (mode == "" and dtype == "float32"), kv
+
+
+def planned(model, device: str, config) -> dict:
+    """The operator's planner for this vllm engine on this GPU (MiB), beside what vLLM took."""
+    import torch  # noqa: PLC0415
+
+    from bench.runtime.memory_probe import _operator_on_path, model_shape  # noqa: PLC0415
+
+    _operator_on_path()
+    from chattts_operator.api.chattts import EngineSpec  # noqa: PLC0415
+    from chattts_operator.deployment.memory import plan_memory  # noqa: PLC0415
+
+    if device != "cuda":
+        return {}
+    e = config.engine
+    spec = EngineSpec(kind="vllm", max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len, dtype=e.dtype,
+                      kv_cache_dtype=e.kv_cache_dtype, gpu_memory_utilization=e.gpu_memory_utilization)
+    plan = plan_memory(shape=model_shape(model), weight_format=config.model.format, engine=spec,
+                       gpu_memory_mib=torch.cuda.mem_get_info()[1] // (1 << 20))
+    return {"kv_cache_mib": plan.kv_cache_mib, "kv_bytes_per_token": plan.kv_bytes_per_token,
+            "weights_mib": plan.weights_mib, "activations_mib": plan.activations_mib,
+            "max_concurrent_sequences": plan.max_concurrent_sequences, "parts": plan.parts,
+            "message": plan.message}
+
+
+def measured_memory(engine, device: str) -> dict:
+    """What the started engine holds: vLLM's KV cache blocks, and the device's used memory."""
+    out: dict = {}
+    cache = getattr(getattr(engine._llm, "vllm_config", None), "cache_config", None)
+    blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    if blocks and block_size:
+        out.update(kv_blocks=int(blocks), block_size=int(block_size), kv_tokens=int(blocks) * int(block_size))
+    if device == "cuda":
+        import torch  # noqa: PLC0415
+
+        free, total = torch.cuda.mem_get_info()
+        out["device_used_mib"] = (total - free) // (1 << 20)  # both processes: the engine core and this one
+    return out
 
 
 def refine_prompts(model, max_model_len: int):
@@ -53,19 +97,27 @@ def refine_prompts(model, max_model_len: int):
     return refiner, [refiner.prompt_ids(text, params) for text in PROMPTS], params.sampling
 
 
-async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, args) -> dict:
-    """One vllm engine: its greedy and seeded codes, its greedy refine tokens, its start-up time."""
+async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, kv: str, args) -> dict:
+    """One vllm engine: its greedy and seeded codes, its greedy refine tokens, start-up time and memory."""
     from chattts_runtime.config import RuntimeConfig  # noqa: PLC0415
     from chattts_runtime.engines.vllm_engine import VLLMEngine  # noqa: PLC0415
 
     config = RuntimeConfig.model_validate({
         "model": {"path": str(checkpoint)}, "engine_kind": "vllm", "device": device,
-        "engine": {"dtype": dtype, "enforce_eager": eager, "max_model_len": args.max_model_len,
+        "engine": {"dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv, "max_model_len": args.max_model_len,
                    "max_num_seqs": args.max_num_seqs, "gpu_memory_utilization": args.gpu_memory_utilization}})
     engine = VLLMEngine(model, config)
     t0 = time.monotonic()
     await engine.start()
     started = time.monotonic() - t0
+    memory = {"measured": measured_memory(engine, device)}
+    try:
+        memory["planned"] = planned(model, device, config)
+    except Exception as err:  # the planner's figures are a side dish: never lose the codes over them
+        memory["planned"] = {"error": f"{type(err).__name__}: {err}"}
+    kv_per_token = memory["planned"].get("kv_bytes_per_token")
+    if kv_per_token and memory["measured"].get("kv_tokens"):
+        memory["measured"]["kv_cache_mib"] = memory["measured"]["kv_tokens"] * kv_per_token // (1 << 20)
     try:
         codes = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
                  for mode in ("greedy", "seeded")}
@@ -75,7 +127,7 @@ async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool
     finally:
         await engine.stop()
     return {"codes": codes, "refine": [list(r) for r in refined], "startup_s": round(started, 1),
-            "cli_args": engine.cli_args}
+            "cli_args": engine.cli_args, "memory": memory}
 
 
 def refine_agreement(reference: list[list[int]], test: list[list[int]]) -> dict:
@@ -134,37 +186,54 @@ async def main_async(args, save=lambda report: None) -> dict:
     except ImportError:
         report["vllm"] = None
     save(report)
-    for dtype, eager in args.vllm:
-        name = f"vllm {dtype} {'eager' if eager else 'cuda graphs'}"
+    codes_by_variant: dict[str, dict] = {}
+    for dtype, eager, kv in args.vllm:
+        if dtype == "graph":  # the graph engine in bfloat16: its own rate against the same reference
+            if device != "cuda":
+                continue
+            from bench.runtime.dtype_agreement import codes_for  # noqa: PLC0415
+
+            try:
+                graph_model, codes = await codes_for("bfloat16", argparse.Namespace(
+                    engine="graph", max_model_len=args.max_model_len, frames=args.frames), checkpoint, device)
+                del graph_model
+                report["variants"]["graph bfloat16"] = {"engine": "graph", "dtype": "bfloat16",
+                                                        "against_reference_float32": against_reference(codes)}
+            except Exception as err:
+                traceback.print_exc()
+                report["variants"]["graph bfloat16"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            finally:
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            save(report)
+            continue
+        name = f"vllm {dtype} {'eager' if eager else 'cuda graphs'}" + (f" kv {kv}" if kv != "auto" else "")
         try:
-            got = await run_vllm(model, checkpoint, device, dtype, eager, args)
+            got = await run_vllm(model, checkpoint, device, dtype, eager, kv, args)
         except Exception as err:  # one variant failing (an unsupported dtype) must not hide the others
             traceback.print_exc()
             report["variants"][name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            save(report)
             continue
         finally:
             gc.collect()
         entry = report["variants"][name] = {
-            "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "startup_s": got["startup_s"],
-            "cli_args": got["cli_args"], "against_reference_float32": against_reference(got["codes"]),
+            "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv,
+            "startup_s": got["startup_s"], "memory": got["memory"], "cli_args": got["cli_args"],
+            "against_reference_float32": against_reference(got["codes"]),
             "refine": refine_agreement(reference_refine, got["refine"])}
+        codes_by_variant[name] = got["codes"]
+        if kv != "auto" and f"vllm {dtype} cuda graphs" in codes_by_variant:  # what the 8-bit KV alone changes
+            base = codes_by_variant[f"vllm {dtype} cuda graphs"]
+            entry["against_16bit_kv"] = {mode: summarize([{"prompt": i, **compare(a, b, audio_of(a), audio_of(b))}
+                                                          for i, (a, b) in enumerate(zip(base[mode], got["codes"][mode]))])
+                                         for mode in ("greedy", "seeded")}
         save(report)  # a later variant running out of time keeps this one's figures
         s = entry["against_reference_float32"]["greedy"]["summary"]
         print(f"{name}: greedy frames equal {s['frame_agreement']:.1%}, identical {s['identical_outputs']}/"
               f"{s['prompts']}; refine identical {entry['refine']['identical']}/{entry['refine']['prompts']}; "
-              f"start {got['startup_s']} s", flush=True)
-    if args.graph and device == "cuda":
-        from bench.runtime.dtype_agreement import codes_for  # noqa: PLC0415
-
-        try:
-            graph_model, codes = await codes_for("bfloat16", argparse.Namespace(
-                engine="graph", max_model_len=args.max_model_len, frames=args.frames), checkpoint, device)
-            del graph_model
-            report["variants"]["graph bfloat16"] = {"engine": "graph", "dtype": "bfloat16",
-                                                    "against_reference_float32": against_reference(codes)}
-        except Exception as err:
-            traceback.print_exc()
-            report["variants"]["graph bfloat16"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+              f"start {got['startup_s']} s; memory {json.dumps(got['memory']['measured'])}", flush=True)
     save(report)
     return report
 
@@ -189,6 +258,21 @@ def markdown(report: dict) -> str:
             out.append(f"| {name} | {mode} | {s['frame_agreement']:.1%} | {s['identical_outputs']} / {s['prompts']} "
                        f"| {s['first_difference_median']} | {s['mel_l1_mean']:.3f} | {refine_cell} "
                        f"| {v.get('startup_s', '')} |")
+    memory_rows = [(name, v) for name, v in report["variants"].items() if v.get("memory")]
+    if memory_rows:
+        out += ["", "| engine | KV cache: vLLM's blocks x block size (tokens) | KV cache MiB, measured / planned "
+                "| planned sequences at maxModelLen | device used MiB (both processes) |", "|---|---|---|---|---|"]
+        for name, v in memory_rows:
+            m, pl = v["memory"].get("measured", {}), v["memory"].get("planned", {})
+            out.append(f"| {name} | {m.get('kv_tokens', '-')} | {m.get('kv_cache_mib', '-')} / "
+                       f"{pl.get('kv_cache_mib', '-')} | {pl.get('max_concurrent_sequences', '-')} "
+                       f"| {m.get('device_used_mib', '-')} |")
+    kv_rows = [(name, v) for name, v in report["variants"].items() if v.get("against_16bit_kv")]
+    for name, v in kv_rows:
+        for mode, s in v["against_16bit_kv"].items():
+            out.append(f"\n{name} against the same engine with a 16-bit KV cache, {mode}: frames equal "
+                       f"{s['frame_agreement']:.1%}, identical {s['identical_outputs']} / {s['prompts']}, "
+                       f"first difference (median) {s['first_difference_median']}, log-mel L1 {s['mel_l1_mean']:.3f}.")
     out += ["", "Greedy in float32 must be equal (same arithmetic order up to kernels); 16-bit variants are "
             "measured by the same agreement as `bench.runtime.dtype_agreement` (random weights: nearly flat "
             "logits, the hardest case), beside the graph engine's bfloat16 rate against the same reference."]
@@ -212,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--size", default=None, help="checkpoint size: full (default on CUDA), small, tiny (default on CPU)")
     p.add_argument("--frames", type=int, default=None, help="frames per prompt (default 128 on CUDA, 16 on CPU)")
-    p.add_argument("--vllm", type=parse_variant, action="append", default=None, metavar="DTYPE[:eager|:graphs]",
-                   help="a vllm variant (repeatable; default float32:eager and, on CUDA, bfloat16:graphs)")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="the graph engine in bfloat16 beside (CUDA only)")
+    p.add_argument("--vllm", type=parse_variant, action="append", default=None,
+                   metavar="graph|DTYPE[:eager|:graphs][:fp8]",
+                   help="a variant, in order (repeatable; default on CUDA: float32:eager, bfloat16:graphs, graph, "
+                   "bfloat16:graphs:fp8; on CPU: float32:eager); graph: the graph engine in bfloat16")
     # The speech API benchmark's vllm server uses these too, so vLLM's compile cache is shared.
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -228,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     args.size = args.size or ("full" if cuda else "tiny")
     args.frames = args.frames or (128 if cuda else 16)
     if args.vllm is None:
-        args.vllm = [("float32", True)] + ([("bfloat16", False)] if cuda else [])
+        args.vllm = [parse_variant(v) for v in (("float32:eager", "bfloat16:graphs", "graph", "bfloat16:graphs:fp8")
+                                                if cuda else ("float32:eager",))]
     if not cuda:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     out = Path(args.out)

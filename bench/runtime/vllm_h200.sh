@@ -19,8 +19,9 @@
 #              540 s), a failing step not stopping the next:
 #   imports      python3 -m bench.runtime.vllm_imports: every module an engine start imports (MISSING x: y)
 #   check        python3 -m bench.runtime.vllm_check: greedy codes and refine-text tokens of the vllm
-#                engine (float32 eager; bfloat16 with CUDA graphs) against the reference engine (float32)
-#                on the full-size random weights, beside the graph engine's bfloat16 rate
+#                engine (float32 eager; bfloat16 with CUDA graphs; bfloat16 with an fp8 KV cache) against
+#                the reference engine (float32) on the full-size random weights, beside the graph engine's
+#                bfloat16 rate; vLLM's KV cache beside the operator planner's prediction
 #   vllm         the speech API benchmark, --engine vllm, 128 frames, refine off, DVAE path, 1,16,64,256
 #   graph        the same with --engine graph (the graph engine's row in the same lease)
 #   vllm_mixed   --mixed, upstream's pipeline (refine-text on, Decoder path), --engine vllm
@@ -164,7 +165,7 @@ fi
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
-declare -A CAP=([imports]=60 [check]=240 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
+declare -A CAP=([imports]=60 [check]=270 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
                 [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [anchor]=100)
 if [ "$smoke" = 1 ]; then
   DEVICE=cpu SIZE=tiny
