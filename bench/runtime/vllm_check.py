@@ -130,6 +130,20 @@ async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool
             "cli_args": engine.cli_args, "memory": memory}
 
 
+async def gpu_released(device: str, fraction: float, timeout: float = 30.0) -> None:
+    """Until the stopped engine core's memory is back (vLLM refuses to start with less than ``fraction`` free)."""
+    if device != "cuda":
+        return
+    import torch  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        free, total = torch.cuda.mem_get_info()
+        if free / total > fraction + 0.02:
+            return
+        await asyncio.sleep(0.5)
+
+
 def refine_agreement(reference: list[list[int]], test: list[list[int]]) -> dict:
     equal = sum(a == b for a, b in zip(reference, test))
     tokens = sum(len(a) for a in reference)
@@ -218,6 +232,7 @@ async def main_async(args, save=lambda report: None) -> dict:
             continue
         finally:
             gc.collect()
+            await gpu_released(device, args.gpu_memory_utilization)
         entry = report["variants"][name] = {
             "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv,
             "startup_s": got["startup_s"], "memory": got["memory"], "cli_args": got["cli_args"],

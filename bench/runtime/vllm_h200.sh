@@ -209,6 +209,21 @@ sys.argv[0] = module
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 EOF
 
+# Before a step: the previous step's GPU memory given back (a vLLM engine core exits after its server;
+# vLLM refuses to start while less than gpuMemoryUtilization of the GPU is free). At most 30 s.
+gpu_released() {
+  [ "$smoke" = 1 ] && return
+  local used i
+  for i in $(seq 30); do
+    used="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')"
+    case "$used" in ''|*[!0-9]*) return ;; esac
+    [ "$used" -lt 4096 ] && return
+    [ "$i" = 1 ] && echo "== waiting for the GPU's memory ($used MiB used)"
+    sleep 1
+  done
+  echo "== the GPU still holds $used MiB after 30 s"
+}
+
 RESERVE_S=15
 declare -A STATUS
 summary=()
@@ -229,6 +244,9 @@ for step in $STEPS; do
     STATUS[$step]="skipped (${left}s of budget left)"; summary+=("$step: ${STATUS[$step]}"); echo "== $step: ${STATUS[$step]}"
     continue
   fi
+  gpu_released
+  left=$((BUDGET_S - SECONDS - RESERVE_S))
+  limit=$(( CAP[$step] < left ? CAP[$step] : left ))
   echo "== $(date -u +%T) $step (limit ${limit}s): $cmd"
   t0=$SECONDS
   if [ "$smoke" = 1 ]; then
