@@ -33,7 +33,8 @@ import numpy as np
 from bench.runtime.__main__ import RESULTS, make_checkpoint
 from bench.runtime.dtype_agreement import PROMPTS, compare, generate, summarize
 
-REFINE_TOKENS = 48  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
+REFINE_TOKENS = 24  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
+REFINE_PROMPTS = 8  # the first prompts refined (the reference refiner runs one prompt at a time)
 
 
 def parse_variant(text: str) -> tuple[str, bool, str]:
@@ -88,13 +89,13 @@ def measured_memory(engine, device: str) -> dict:
     return out
 
 
-def refine_prompts(model, max_model_len: int):
+def refine_prompts(model, max_model_len: int, count: int = REFINE_PROMPTS):
     from chattts_runtime.engines.refine import TextRefiner  # noqa: PLC0415
     from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling  # noqa: PLC0415
 
     params = RefineParams(sampling=upstream_refine_sampling(temperature=0, max_new_frames=REFINE_TOKENS))
     refiner = TextRefiner(model, max_model_len=max_model_len)
-    return refiner, [refiner.prompt_ids(text, params) for text in PROMPTS], params.sampling
+    return refiner, [refiner.prompt_ids(text, params) for text in PROMPTS[:count]], params.sampling
 
 
 async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, kv: str, args) -> dict:
@@ -162,17 +163,34 @@ async def main_async(args, save=lambda report: None) -> dict:
     checkpoint = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
     began = time.monotonic()
     model = load_chattts(checkpoint, device=device, dtype=torch.float32)
-    engine = ReferenceEngine(model, max_num_seqs=len(PROMPTS), max_waiting=4096, max_model_len=args.max_model_len)
-    await engine.start()
-    try:
-        reference = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
+    kept = Path(args.reference) if args.reference else None
+    key = {"size": args.size, "frames": args.frames, "max_model_len": args.max_model_len, "prompts": PROMPTS,
+           "refine_tokens": REFINE_TOKENS, "refine_prompts": REFINE_PROMPTS}
+    if kept is not None and kept.exists() and json.loads(kept.read_text()).get("key") == key:
+        # An earlier run's reference in this call (the same checkpoint and settings): not computed twice.
+        data = json.loads(kept.read_text())
+        reference = {mode: [np.asarray(c, np.int64).reshape(-1, model.sizes.gpt.num_vq) for c in data[mode]]
                      for mode in ("greedy", "seeded")}
-    finally:
-        await engine.stop()
-    refiner, prompts, sampling = refine_prompts(model, args.max_model_len)
-    reference_refine = [list(refiner.generate(p, sampling)) for p in prompts]
-    print(f"reference: {len(PROMPTS)} prompts x {args.frames} frames, refine {REFINE_TOKENS} tokens "
-          f"({time.monotonic() - began:.0f} s)", flush=True)
+        reference_refine = data["refine"]
+        earlier = {name: {mode: [np.asarray(c, np.int64).reshape(-1, model.sizes.gpt.num_vq) for c in codes[mode]]
+                          for mode in ("greedy", "seeded")} for name, codes in data.get("variants", {}).items()}
+        print(f"reference: read from {kept}", flush=True)
+    else:
+        engine = ReferenceEngine(model, max_num_seqs=len(PROMPTS), max_waiting=4096, max_model_len=args.max_model_len)
+        await engine.start()
+        try:
+            reference = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
+                         for mode in ("greedy", "seeded")}
+        finally:
+            await engine.stop()
+        refiner, prompts, sampling = refine_prompts(model, args.max_model_len)
+        reference_refine = [list(refiner.generate(p, sampling)) for p in prompts]
+        earlier = {}
+        if kept is not None:
+            kept.write_text(json.dumps({"key": key, "refine": reference_refine,
+                                        **{mode: [c.tolist() for c in reference[mode]] for mode in reference}}))
+    print(f"reference: {len(PROMPTS)} prompts x {args.frames} frames, refine {REFINE_TOKENS} tokens x "
+          f"{REFINE_PROMPTS} prompts ({time.monotonic() - began:.0f} s)", flush=True)
 
     def audio_of(codes: np.ndarray) -> np.ndarray:
         if not len(codes):
@@ -190,7 +208,8 @@ async def main_async(args, save=lambda report: None) -> dict:
         return out
 
     report = {"size": args.size, "device": device, "frames": args.frames, "max_model_len": args.max_model_len,
-              "max_num_seqs": args.max_num_seqs, "prompts": PROMPTS, "refine_tokens": REFINE_TOKENS, "variants": {},
+              "max_num_seqs": args.max_num_seqs, "prompts": PROMPTS, "refine_tokens": REFINE_TOKENS,
+              "refine_prompts": REFINE_PROMPTS, "variants": {},
               "reference_refine": reference_refine, "began": began, "torch": torch.__version__,
               "device_name": torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()}
     try:
@@ -200,7 +219,7 @@ async def main_async(args, save=lambda report: None) -> dict:
     except ImportError:
         report["vllm"] = None
     save(report)
-    codes_by_variant: dict[str, dict] = {}
+    codes_by_variant: dict[str, dict] = dict(earlier)  # a vllm variant's codes, for the 8-bit KV comparison
     for dtype, eager, kv in args.vllm:
         if dtype == "graph":  # the graph engine in bfloat16: its own rate against the same reference
             if device != "cuda":
@@ -239,8 +258,15 @@ async def main_async(args, save=lambda report: None) -> dict:
             "against_reference_float32": against_reference(got["codes"]),
             "refine": refine_agreement(reference_refine, got["refine"])}
         codes_by_variant[name] = got["codes"]
-        if kv != "auto" and f"vllm {dtype} cuda graphs" in codes_by_variant:  # what the 8-bit KV alone changes
-            base = codes_by_variant[f"vllm {dtype} cuda graphs"]
+        if kept is not None:  # a later check in this call compares against it
+            data = json.loads(kept.read_text())
+            data.setdefault("variants", {})[name] = {mode: [c.tolist() for c in got["codes"][mode]]
+                                                     for mode in ("greedy", "seeded")}
+            kept.write_text(json.dumps(data))
+        base_name = name.removesuffix(f" kv {kv}")  # the same engine with a 16-bit KV cache
+        if kv != "auto" and base_name in codes_by_variant:  # what the 8-bit KV cache alone changes
+            base = codes_by_variant[base_name]
+            entry["16bit_kv_variant"] = base_name
             entry["against_16bit_kv"] = {mode: summarize([{"prompt": i, **compare(a, b, audio_of(a), audio_of(b))}
                                                           for i, (a, b) in enumerate(zip(base[mode], got["codes"][mode]))])
                                          for mode in ("greedy", "seeded")}
@@ -257,7 +283,7 @@ def markdown(report: dict) -> str:
     out = [f"# The vllm engine against the reference engine, same random weights ({report['date']})", "",
            f"{report['device_name']}, torch {report['torch']}, vLLM {report['vllm']}; model size `{report['size']}`; "
            f"{len(report['prompts'])} prompts x {report['frames']} frames, refine-text {report['refine_tokens']} "
-           f"tokens per prompt; reference: float32; command: `{report['command']}`; {report['seconds']} s.", "",
+           f"tokens for each of the first {report['refine_prompts']}; reference: float32; command: `{report['command']}`; {report['seconds']} s.", "",
            "| engine vs reference float32 | mode | frames with all 4 codes equal | identical outputs "
            "| first difference (median frame) | log-mel L1 (mean) | refine-text: identical / token agreement "
            "| start-up (s) |", "|---|---|---|---|---|---|---|---|"]
@@ -316,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="a variant, in order (repeatable; default on CUDA: float32:eager, bfloat16:graphs, graph, "
                    "bfloat16:graphs:fp8; on CPU: float32:eager); graph: the graph engine in bfloat16")
     # The speech API benchmark's vllm server uses these too, so vLLM's compile cache is shared.
+    p.add_argument("--reference", default=None, help="keep the reference's outputs in this JSON file and reuse "
+                   "them when it holds the same settings (a second check in the same call)")
+    p.add_argument("--tag", default=None, help="file name tag (default: <device>-<date>)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -340,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     def save(report: dict) -> None:
         nonlocal stem
         report.update(date=date, command=command, seconds=round(time.monotonic() - report["began"], 1))
-        stem = out / f"vllm-check-{'h200' if 'H200' in report['device_name'] else args.device}-{date}"
+        stem = out / f"vllm-check-{args.tag or (('h200' if 'H200' in report['device_name'] else args.device) + '-' + date)}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
         stem.with_suffix(".md").write_text(markdown(report))
 

@@ -19,11 +19,13 @@
 #              540 s), a failing step not stopping the next:
 #   imports      python3 -m bench.runtime.vllm_imports: every module an engine start imports (MISSING x: y)
 #   check        python3 -m bench.runtime.vllm_check: greedy codes and refine-text tokens of the vllm
-#                engine (float32 eager; bfloat16 with CUDA graphs; bfloat16 with an fp8 KV cache) against
-#                the reference engine (float32) on the full-size random weights, beside the graph engine's
-#                bfloat16 rate; vLLM's KV cache beside the operator planner's prediction
+#                engine (float32 eager; bfloat16 with CUDA graphs) against the reference engine (float32)
+#                on the full-size random weights, beside the graph engine's bfloat16 rate; vLLM's KV
+#                cache beside the operator planner's prediction
 #   vllm         the speech API benchmark, --engine vllm, 128 frames, refine off, DVAE path, 1,16,64,256
 #   graph        the same with --engine graph (the graph engine's row in the same lease)
+#   check_fp8    the check for vllm bfloat16 with an fp8 KV cache (also against check's 16-bit KV run,
+#                whose outputs, and the reference's, it reuses)
 #   vllm_mixed   --mixed, upstream's pipeline (refine-text on, Decoder path), --engine vllm
 #   vllm_eager   as vllm, CUDA graphs off (engine.enforce_eager)
 #   vllm_prefix  as vllm, prefix cache on (prompts salted by speaker)
@@ -43,8 +45,8 @@ SITE="${SITE:-/tmp/vllm-site}"
 BUDGET_S="${BUDGET_S:-540}"
 STEPS="${STEPS:-}"
 LEVELS="${LEVELS:-1,16,64,256}"
-KNOWN_STEPS="imports check vllm graph vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
-DEFAULT_STEPS="imports check vllm graph vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
+KNOWN_STEPS="imports check vllm graph check_fp8 vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
+DEFAULT_STEPS="imports check vllm graph check_fp8 vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
 cd "$(dirname "$0")/../.." || exit 2
 CARRIED="${VLLM_DIR:-.vllm}/pieces"  # the pieces the calls carry (vllm_prepare.sh writes them)
 
@@ -165,7 +167,7 @@ fi
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
-declare -A CAP=([imports]=60 [check]=270 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
+declare -A CAP=([imports]=60 [check]=240 [check_fp8]=120 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
                 [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [anchor]=100)
 if [ "$smoke" = 1 ]; then
   DEVICE=cpu SIZE=tiny
@@ -174,11 +176,13 @@ else
 fi
 SPEECH="python3 -m bench.runtime --device $DEVICE --size $SIZE --sequential 4"
 FIXED="$SPEECH --frames 128 --concurrency $LEVELS --rounds 4 --max-model-len 1024 --refine off --audio-decoder dvae"
+CHECK="python3 -m bench.runtime.vllm_check --device $DEVICE --size $SIZE --out $STAGE/results --reference $STAGE/reference.json"
 MIXED="$SPEECH --mixed --frames 2048 --concurrency $LEVELS --rounds 2 --max-model-len 2048 --refine on --audio-decoder decoder"
 step_command() {
   case "$1" in
     imports) echo "python3 -m bench.runtime.vllm_imports --out $STAGE/results/vllm-imports-h200-$DATE.json" ;;
-    check) echo "python3 -m bench.runtime.vllm_check --device $DEVICE --size $SIZE --out $STAGE/results" ;;
+    check) echo "$CHECK --vllm float32:eager --vllm bfloat16:graphs --vllm graph --tag h200-$DATE" ;;
+    check_fp8) echo "$CHECK --vllm bfloat16:graphs:fp8 --tag h200-$DATE-fp8-kv" ;;
     vllm) echo "$FIXED --engine vllm --tag h200-$DATE-vllm" ;;
     graph) echo "$FIXED --engine graph --tag h200-$DATE-vllm-lease-graph" ;;
     vllm_mixed) echo "$MIXED --engine vllm --tag h200-$DATE-vllm-mixed" ;;
@@ -283,7 +287,7 @@ grep -hiE "model loading took|kv cache|cuda graph|graph capturing|maximum concur
   echo "vllm_h200.sh $(date -u +%FT%TZ), ${SECONDS}s, steps: $STEPS"
   printf '%s\n' "${summary[@]}"
   grep -hE "^(MISSING|FAILED) |^missing top-level" "$STAGE/logs/imports.log" 2>/dev/null
-  grep -hE "greedy frames equal|NOT EQUAL" "$STAGE/logs/check.log" 2>/dev/null
+  grep -hE "greedy frames equal|NOT EQUAL" "$STAGE"/logs/check*.log 2>/dev/null | cut -c1-300
   grep -h "^concurrency " "$STAGE"/logs/vllm*.log "$STAGE"/logs/graph*.log 2>/dev/null | cut -c1-160
 } | tee "$OUT/summary.txt"
 tar -czf "$OUT/results.tar.gz" -C "$STAGE" results
