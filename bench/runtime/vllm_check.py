@@ -311,7 +311,7 @@ def markdown(report: dict) -> str:
     kv_rows = [(name, v) for name, v in report["variants"].items() if v.get("against_16bit_kv")]
     for name, v in kv_rows:
         for mode, s in v["against_16bit_kv"].items():
-            out.append(f"\n{name} against the same engine with a 16-bit KV cache, {mode}: frames equal "
+            out.append(f"\n{name} against the same engine with its KV cache in the model's dtype, {mode}: frames equal "
                        f"{s['frame_agreement']:.1%}, identical {s['identical_outputs']} / {s['prompts']}, "
                        f"first difference (median) {s['first_difference_median']}, log-mel L1 {s['mel_l1_mean']:.3f}.")
     out += ["", "Greedy in float32 must be equal (same arithmetic order up to kernels); 16-bit variants are "
@@ -323,7 +323,7 @@ def markdown(report: dict) -> str:
 def float32_mismatches(report: dict) -> list[str]:
     bad = []
     for name, v in report["variants"].items():
-        if v.get("engine") != "vllm" or v.get("dtype") != "float32":
+        if v.get("engine") != "vllm" or v.get("dtype") != "float32" or v.get("kv_cache_dtype", "auto") != "auto":
             continue
         s = v["against_reference_float32"]["greedy"]["summary"]
         if s["identical_outputs"] != s["prompts"] or v["refine"]["identical"] != v["refine"]["prompts"]:
