@@ -37,18 +37,19 @@ REFINE_TOKENS = 24  # refine-text tokens per prompt (greedy; the random checkpoi
 REFINE_PROMPTS = 8  # the first prompts refined (the reference refiner runs one prompt at a time)
 
 
-def parse_variant(text: str) -> tuple[str, bool, str]:
-    """``DTYPE[:eager|:graphs][:fp8]`` -> (dtype, enforce_eager, kv_cache_dtype); ``graph``: the graph engine."""
+def parse_variant(text: str) -> tuple[str, bool, str, str]:
+    """``DTYPE[:eager|:graphs][:fp8][:awq]`` -> (dtype, enforce_eager, kv_cache_dtype, weight format);
+    ``graph``: the graph engine. awq: the checkpoint's round-to-nearest AWQ form (``awq_random``)."""
     if text == "graph":
-        return ("graph", False, "auto")
+        return ("graph", False, "auto", "fp16")
     dtype, *rest = text.split(":")
-    mode = rest[0] if rest else ""
-    kv = rest[1] if len(rest) > 1 else "auto"
-    if dtype not in ("float32", "bfloat16", "float16") or mode not in ("", "eager", "graphs") \
-            or kv not in ("auto", "fp8") or len(rest) > 2:
-        raise argparse.ArgumentTypeError(f"expected graph or DTYPE[:eager|:graphs][:fp8] (float32, bfloat16, "
+    mode = rest.pop(0) if rest and rest[0] in ("eager", "graphs") else ""
+    flags = set(rest)
+    if dtype not in ("float32", "bfloat16", "float16") or not flags <= {"fp8", "awq"} or len(flags) != len(rest):
+        raise argparse.ArgumentTypeError(f"expected graph or DTYPE[:eager|:graphs][:fp8][:awq] (float32, bfloat16, "
                                          f"float16), got {text!r}")
-    return dtype, mode == "eager" or (mode == "" and dtype == "float32"), kv
+    return (dtype, mode == "eager" or (mode == "" and dtype == "float32"), "fp8" if "fp8" in flags else "auto",
+            "awq" if "awq" in flags else "fp16")
 
 
 def planned(model, device: str, config) -> dict:
@@ -98,13 +99,14 @@ def refine_prompts(model, max_model_len: int, count: int = REFINE_PROMPTS):
     return refiner, [refiner.prompt_ids(text, params) for text in PROMPTS[:count]], params.sampling
 
 
-async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, kv: str, args) -> dict:
+async def run_vllm(model, checkpoint: Path, device: str, dtype: str, eager: bool, kv: str, args,
+                   weight_format: str = "fp16") -> dict:
     """One vllm engine: its greedy and seeded codes, its greedy refine tokens, start-up time and memory."""
     from chattts_runtime.config import RuntimeConfig  # noqa: PLC0415
     from chattts_runtime.engines.vllm_engine import VLLMEngine  # noqa: PLC0415
 
     config = RuntimeConfig.model_validate({
-        "model": {"path": str(checkpoint)}, "engine_kind": "vllm", "device": device,
+        "model": {"path": str(checkpoint), "format": weight_format}, "engine_kind": "vllm", "device": device,
         "engine": {"dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv, "max_model_len": args.max_model_len,
                    "max_num_seqs": args.max_num_seqs, "gpu_memory_utilization": args.gpu_memory_utilization}})
     engine = VLLMEngine(model, config)
@@ -220,7 +222,7 @@ async def main_async(args, save=lambda report: None) -> dict:
         report["vllm"] = None
     save(report)
     codes_by_variant: dict[str, dict] = dict(earlier)  # a vllm variant's codes, for the 8-bit KV comparison
-    for dtype, eager, kv in args.vllm:
+    for dtype, eager, kv, weight_format in args.vllm:
         if dtype == "graph":  # the graph engine in bfloat16: its own rate against the same reference
             if device != "cuda":
                 continue
@@ -241,9 +243,16 @@ async def main_async(args, save=lambda report: None) -> dict:
                     torch.cuda.empty_cache()
             save(report)
             continue
-        name = f"vllm {dtype} {'eager' if eager else 'cuda graphs'}" + (f" kv {kv}" if kv != "auto" else "")
+        name = (f"vllm {dtype} {'eager' if eager else 'cuda graphs'}" + (f" kv {kv}" if kv != "auto" else "")
+                + (" awq" if weight_format == "awq" else ""))
         try:
-            got = await run_vllm(model, checkpoint, device, dtype, eager, kv, args)
+            weights = checkpoint
+            if weight_format == "awq":
+                from bench.runtime.awq_random import make_awq_checkpoint  # noqa: PLC0415
+
+                weights = make_awq_checkpoint(checkpoint, checkpoint.with_name(checkpoint.name + "-awq-rtn"),
+                                              group_size=128 if model.sizes.gpt.hidden_size % 128 == 0 else 32)
+            got = await run_vllm(model, weights, device, dtype, eager, kv, args, weight_format)
         except Exception as err:  # one variant failing (an unsupported dtype) must not hide the others
             traceback.print_exc()
             report["variants"][name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
@@ -253,7 +262,7 @@ async def main_async(args, save=lambda report: None) -> dict:
             gc.collect()
             await gpu_released(device, args.gpu_memory_utilization)
         entry = report["variants"][name] = {
-            "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv,
+            "engine": "vllm", "dtype": dtype, "enforce_eager": eager, "kv_cache_dtype": kv, "weights": weight_format,
             "startup_s": got["startup_s"], "memory": got["memory"], "cli_args": got["cli_args"],
             "against_reference_float32": against_reference(got["codes"]),
             "refine": refine_agreement(reference_refine, got["refine"])}
@@ -263,8 +272,9 @@ async def main_async(args, save=lambda report: None) -> dict:
             data.setdefault("variants", {})[name] = {mode: [c.tolist() for c in got["codes"][mode]]
                                                      for mode in ("greedy", "seeded")}
             kept.write_text(json.dumps(data))
-        base_name = name.removesuffix(f" kv {kv}")  # the same engine with a 16-bit KV cache
-        if kv != "auto" and base_name in codes_by_variant:  # what the 8-bit KV cache alone changes
+        # The same engine with a 16-bit KV cache and 16-bit weights: what the 8-bit KV cache or AWQ changes.
+        base_name = name.removesuffix(" awq").removesuffix(f" kv {kv}")
+        if base_name != name and base_name in codes_by_variant:
             base = codes_by_variant[base_name]
             entry["16bit_kv_variant"] = base_name
             entry["against_16bit_kv"] = {mode: summarize([{"prompt": i, **compare(a, b, audio_of(a), audio_of(b))}
@@ -311,7 +321,7 @@ def markdown(report: dict) -> str:
     kv_rows = [(name, v) for name, v in report["variants"].items() if v.get("against_16bit_kv")]
     for name, v in kv_rows:
         for mode, s in v["against_16bit_kv"].items():
-            out.append(f"\n{name} against the same engine with its KV cache in the model's dtype, {mode}: frames equal "
+            out.append(f"\n{name} against {v['16bit_kv_variant']} (16-bit weights and KV), {mode}: frames equal "
                        f"{s['frame_agreement']:.1%}, identical {s['identical_outputs']} / {s['prompts']}, "
                        f"first difference (median) {s['first_difference_median']}, log-mel L1 {s['mel_l1_mean']:.3f}.")
     out += ["", "Greedy in float32 must be equal (same arithmetic order up to kernels); 16-bit variants are "
@@ -323,7 +333,8 @@ def markdown(report: dict) -> str:
 def float32_mismatches(report: dict) -> list[str]:
     bad = []
     for name, v in report["variants"].items():
-        if v.get("engine") != "vllm" or v.get("dtype") != "float32" or v.get("kv_cache_dtype", "auto") != "auto":
+        if v.get("engine") != "vllm" or v.get("dtype") != "float32" or v.get("kv_cache_dtype", "auto") != "auto" \
+                or v.get("weights", "fp16") != "fp16":
             continue
         s = v["against_reference_float32"]["greedy"]["summary"]
         if s["identical_outputs"] != s["prompts"] or v["refine"]["identical"] != v["refine"]["prompts"]:
@@ -338,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default=None, help="checkpoint size: full (default on CUDA), small, tiny (default on CPU)")
     p.add_argument("--frames", type=int, default=None, help="frames per prompt (default 128 on CUDA, 16 on CPU)")
     p.add_argument("--vllm", type=parse_variant, action="append", default=None,
-                   metavar="graph|DTYPE[:eager|:graphs][:fp8]",
+                   metavar="graph|DTYPE[:eager|:graphs][:fp8][:awq]",
                    help="a variant, in order (repeatable; default on CUDA: float32:eager, bfloat16:graphs, graph, "
                    "bfloat16:graphs:fp8; on CPU: float32:eager); graph: the graph engine in bfloat16")
     # The speech API benchmark's vllm server uses these too, so vLLM's compile cache is shared.

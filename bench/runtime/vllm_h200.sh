@@ -26,6 +26,7 @@
 #   graph        the same with --engine graph (the graph engine's row in the same lease)
 #   check_fp8    the check for vllm bfloat16 with an fp8 KV cache (also against check's 16-bit KV run,
 #                whose outputs, and the reference's, it reuses)
+#   check_awq    the same for AWQ weights (the random checkpoint's round-to-nearest AWQ form, awq_random)
 #   vllm_mixed   --mixed, upstream's pipeline (refine-text on, Decoder path), --engine vllm
 #   vllm_eager   as vllm, CUDA graphs off (engine.enforce_eager)
 #   vllm_prefix  as vllm, prefix cache on (prompts salted by speaker)
@@ -45,8 +46,8 @@ SITE="${SITE:-/tmp/vllm-site}"
 BUDGET_S="${BUDGET_S:-540}"
 STEPS="${STEPS:-}"
 LEVELS="${LEVELS:-1,16,64,256}"
-KNOWN_STEPS="imports check vllm graph check_fp8 vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
-DEFAULT_STEPS="imports check vllm graph check_fp8 vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
+KNOWN_STEPS="imports check vllm graph check_fp8 check_awq vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
+DEFAULT_STEPS="imports check vllm graph check_fp8 check_awq vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
 cd "$(dirname "$0")/../.." || exit 2
 CARRIED="${VLLM_DIR:-.vllm}/pieces"  # the pieces the calls carry (vllm_prepare.sh writes them)
 
@@ -167,7 +168,7 @@ fi
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
-declare -A CAP=([imports]=60 [check]=240 [check_fp8]=120 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
+declare -A CAP=([imports]=60 [check]=240 [check_fp8]=120 [check_awq]=120 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
                 [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [anchor]=100)
 if [ "$smoke" = 1 ]; then
   DEVICE=cpu SIZE=tiny
@@ -183,6 +184,7 @@ step_command() {
     imports) echo "python3 -m bench.runtime.vllm_imports --out $STAGE/results/vllm-imports-h200-$DATE.json" ;;
     check) echo "$CHECK --vllm float32:eager --vllm bfloat16:graphs --vllm graph --tag h200-$DATE" ;;
     check_fp8) echo "$CHECK --vllm bfloat16:graphs:fp8 --tag h200-$DATE-fp8-kv" ;;
+    check_awq) echo "$CHECK --vllm bfloat16:graphs:awq --tag h200-$DATE-awq" ;;
     vllm) echo "$FIXED --engine vllm --tag h200-$DATE-vllm" ;;
     graph) echo "$FIXED --engine graph --tag h200-$DATE-vllm-lease-graph" ;;
     vllm_mixed) echo "$MIXED --engine vllm --tag h200-$DATE-vllm-mixed" ;;

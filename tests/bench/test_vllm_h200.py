@@ -97,7 +97,7 @@ def test_smoke_parses_every_steps_command_line(tmp_path):
     out = run(H200, "--smoke", OUT=str(tmp_path / "out"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     summary = (tmp_path / "out" / "summary.txt").read_text()
-    for step in ("imports", "check", "vllm", "graph", "check_fp8", "vllm_mixed", "vllm_eager", "vllm_prefix", "graph_mixed",
+    for step in ("imports", "check", "vllm", "graph", "check_fp8", "check_awq", "vllm_mixed", "vllm_eager", "vllm_prefix", "graph_mixed",
                  "vllm_fp8"):
         assert re.search(rf"^{step}: passed", summary, re.M), summary
     # A level the benchmark refuses fails the smoke (exit 2 of its parser), as it would on the GPU.
