@@ -15,6 +15,7 @@ source "$root/hack/torch-wheels.sh"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.chattts-stamp"
 want="$(sha256sum "$root/pyproject.toml" "$0" "$root/hack/torch-wheels.sh" "$root/tests/parity/requirements.txt" \
+  "$root/tests/runtime/normalizers-requirements.txt" \
   | sha256sum | cut -c1-16)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "[venv] $venv is up to date"; exit 0
@@ -47,5 +48,15 @@ parity_site="$venv/parity-site"
 rm -rf "$parity_site"
 "${pip[@]}" install --no-deps --target "$parity_site" -r "$root/tests/parity/requirements.txt"
 rm -f "$parity_site"/torchaudio/lib/*.so "$parity_site"/torchaudio/*.so
+# The language normalizers (WeTextProcessing, nemo_text_processing: what the runtime image carries) go
+# into a folder of their own too, so every other tier runs without them (text.language_normalizers:
+# installed then finds none); the tests that serve with them put it on the path. About 0.7 GB (pynini)
+# and a minute to install; cdifflib compiles (gcc). nemo's English grammars are compiled once here (about
+# 1 CPU-minute, a few wall minutes on a busy machine) into the cache the runtime loads them from
+# (chattts_runtime.text.language.GRAMMAR_DIR, under the venv), as the image build does.
+normalizers_site="$venv/normalizers-site"
+rm -rf "$normalizers_site"
+"${pip[@]}" install --no-deps --target "$normalizers_site" -r "$root/tests/runtime/normalizers-requirements.txt"
+PYTHONPATH="$normalizers_site" "$venv/bin/python" -m chattts_runtime.text.language
 echo "$want" > "$stamp"
 echo "[venv] ready: $venv"

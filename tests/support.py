@@ -94,3 +94,21 @@ def apply_chart_identity(cluster, objects: list[dict], rbac_kinds) -> list[dict]
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     return rbac
+
+
+def normalizers_site() -> tuple[Path, Path]:
+    """The language normalizers hack/setup-venv.sh installs apart (``.venv/normalizers-site``) and the folder
+    of nemo's compiled grammars beside them; ``CHATTTS_NORMALIZERS_SITE`` / ``CHATTTS_NORMALIZER_GRAMMARS``
+    override. A missing folder fails the test with the install hint (the image carries them: never skipped)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    site = Path(os.environ.get("CHATTTS_NORMALIZERS_SITE", Path(sys.prefix) / "normalizers-site"))
+    grammars = Path(os.environ.get("CHATTTS_NORMALIZER_GRAMMARS",
+                                   Path(sys.prefix) / "share" / "chattts-runtime" / "grammars"))
+    if not (site / "tn").is_dir() or not (site / "nemo_text_processing").is_dir() or not grammars.is_dir():
+        pytest.fail(f"the language normalizers are not installed in {site} (grammars: {grammars}); run "
+                    "hack/setup-venv.sh (tests/runtime/normalizers-requirements.txt)", pytrace=False)
+    return site, grammars

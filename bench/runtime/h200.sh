@@ -153,7 +153,7 @@ FAITHFUL="python3 -m bench.runtime --device $DEVICE --size $SIZE --mixed --frame
 step_command() {
   if [ "$smoke" = 1 ]; then  # what cannot run without CUDA or its wheels: parse it
     case "$1" in
-      anchor) echo "python3 .anchor/chattts_gpt_anchor.py.cuda-only" ; return ;;  # skipped: not in the tree
+      anchor) echo "python3 bench/runtime/parse_only.py .anchor/chattts_gpt_anchor.py" ; return ;;  # CUDA-only: parse it
       graph_check) echo "python3 -m bench.runtime.graph_check --help" ; return ;;
       upstream) echo "bash -n bench/runtime/upstream_peer.sh" ; return ;;
     esac

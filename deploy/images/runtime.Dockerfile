@@ -12,12 +12,26 @@
 # torchaudio, transformers... all pinned; hack/images/runtime_lock.py writes and checks it), so
 # pip resolves at once instead of backtracking through vLLM releases.
 # The CPU image (`make images`, chattts-runtime:<version>-cpu) is this file with
-#   EXTRAS=runtime  SYSTEM_PACKAGES=""  TORCH_WHEELS=<a folder with the +cpu torch wheel, mounted>
+#   EXTRAS=runtime,text-zh,text-en  SYSTEM_PACKAGES=""  TORCH_WHEELS=<a folder with the +cpu torch wheel, mounted>
+#
+# Both carry the language normalizers (extras text-zh, text-en: WeTextProcessing and
+# nemo_text_processing, with pynini), which the runtime uses by default
+# (text.language_normalizers: installed): digits, dates and amounts are spoken, not dropped.
+# They add about 0.7 GB (pynini's libraries are most of it: 650 MB installed). WeTextProcessing's
+# wheel ships its compiled Chinese grammars; nemo's English ones are compiled here, at build time,
+# into /opt/venv/share/chattts-runtime/grammars (chattts_runtime.text.language.GRAMMAR_DIR),
+# so a pod loads them instead of compiling them at start. That step also checks a date and an
+# amount come out spelled out.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# The optional extras to install: runtime,vllm (GPU) or runtime (CPU: reference engine only).
-ARG EXTRAS=runtime,vllm
+# The optional extras to install: runtime,vllm,text-zh,text-en (GPU) or runtime,text-zh,text-en (CPU:
+# reference engine only).
+ARG EXTRAS=runtime,vllm,text-zh,text-en
+# nemo_text_processing's cdifflib is published as source only: its C extension needs a compiler
+# here (the Python headers come with the base image). The final stage does not get these.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 # A folder holding extra wheels (the CPU image: torch +cpu), bind-mounted into the build; empty: none.
 ARG TORCH_WHEELS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -36,6 +50,8 @@ COPY README.md ./
 COPY operator/ operator/
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install --quiet --no-deps .
+# The normalizers' grammars, compiled once here (minutes) and checked on a date and an amount.
+RUN case ",$EXTRAS," in *,text-en,*|*,text-zh,*) /opt/venv/bin/python -m chattts_runtime.text.language ;; esac
 
 FROM ${PYTHON_IMAGE}
 # Triton (used by vLLM and torch.compile) compiles small C launchers at run time: it needs a C

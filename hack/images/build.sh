@@ -67,7 +67,7 @@ for which in ${CHATTTS_IMAGES:-operator runtime-cpu}; do
         echo "[images] no torch $torch_version wheel found (CHATTTS_WHEELS): the CPU image gets PyPI's CUDA torch" >&2
       fi
       build chattts-runtime "$images_version-cpu" deploy/images/runtime.Dockerfile \
-        --build-arg EXTRAS=runtime --build-arg SYSTEM_PACKAGES= "${wheel_args[@]}" ;;
+        --build-arg EXTRAS=runtime,text-zh,text-en --build-arg SYSTEM_PACKAGES= "${wheel_args[@]}" ;;
     *) echo "[images] unknown image $which (operator, runtime-cpu)" >&2; exit 2 ;;
   esac
 done

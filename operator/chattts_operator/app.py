@@ -70,6 +70,12 @@ class App:
             self.deployments.observe_event(event.get("type"), obj)
             self.autoscaler.observe(copy.deepcopy(obj), deleted=deleted)
 
+    def share_policy_changed(self, event_type: str | None, name: str, body: Mapping[str, Any]) -> None:
+        """A GPUSharePolicy's watch event: its loop and the others re-plan; the ChatTTSDeployments
+        labelled with its name learn whether it exists (their SharePolicy condition)."""
+        self.share_policies.policy_changed(event_type, name, body)
+        self.deployments.share_policy_changed(name, exists=event_type != "DELETED")
+
     async def stop(self) -> None:
         for task in (self.loop_lag, self.heap_task):
             if task is not None:

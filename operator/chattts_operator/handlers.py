@@ -42,6 +42,11 @@ async def member_job_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> 
     memo.app.share_policies.wake(labels.get(app.SHARE_POLICY_LABEL))
 
 
+@kopf.on.event(*app.SHARE_POLICIES)
+async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.app.share_policy_changed(type, name, dict(body))
+
+
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(type: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.app.share_policies.node_changed(type, name, dict(body))

@@ -111,12 +111,16 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
+# The API's description: what a caller without a key has no business reading when keys are on.
+DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+
 def needs_key(path: str) -> bool:
-    return path.startswith(PROTECTED_PREFIX) and path not in OPEN_PATHS
+    return (path.startswith(PROTECTED_PREFIX) or path in DOC_PATHS) and path not in OPEN_PATHS
 
 
 class BearerAuth:
-    """ASGI middleware: requests under ``/v1/`` need a valid key; others pass untouched."""
+    """ASGI middleware: requests under ``/v1/`` and the API docs need a valid key; others pass untouched."""
 
     def __init__(self, app, keys: APIKeys, on_refused=None):
         self.app, self.keys, self.on_refused = app, keys, on_refused

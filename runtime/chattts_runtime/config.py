@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 CONFIG_PATH = "/etc/chattts/runtime.yaml"
 ENV_PREFIX = "CHATTTS_"
@@ -63,10 +63,17 @@ class EngineKind(str, Enum):
     GRAPH = "graph"  # static slot KV cache + CUDA graphs per batch/length bucket (engines/graph.py)
 
 
+# The speech API's model name: one name, no path segments (it is matched against the request's
+# `model` and listed in /v1/models). The operator's CRD carries the same pattern.
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_SERVED_NAME = 128
+
+
 class ModelSettings(_Strict):
     path: str = Field("/models/chattts", description="Read-only directory with the ChatTTS checkpoint.")
     format: WeightFormat = WeightFormat.FP16
-    served_name: str = Field("chattts", min_length=1, description="Model name answered in /v1/models.")
+    served_name: str = Field("chattts", min_length=1, max_length=MAX_SERVED_NAME, pattern=SERVED_NAME_PATTERN,
+                             description="Model name answered in /v1/models.")
 
 
 class EngineSettings(_Strict):
@@ -128,6 +135,22 @@ class ServerSettings(_Strict):
         "needs 'Authorization: Bearer <key>'. Unset: the API is open.")
     api_keys_reload_seconds: float = Field(2.0, gt=0, description="How often the key files are checked "
                                            "for changes (re-read without a restart).")
+    # The connection layer in front of the app (connections.py; the runtime README, "Connections"):
+    max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576, description="Request line and header fields "
+                                  "together; more get 431 and the connection is closed.")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="Header fields per request; more get 431.")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="A request's line and headers must arrive "
+                                          "within this from their first byte; else 408 and the connection closes.")
+    idle_timeout_seconds: float = Field(10.0, gt=0, description="A new connection that sends no request in "
+                                        "this time is closed.")
+    keep_alive_timeout_seconds: float = Field(5.0, gt=0, description="A kept-alive connection with no next "
+                                              "request in this time is closed.")
+    send_timeout_seconds: float = Field(30.0, gt=0, description="A response whose client has read nothing for "
+                                        "this long (the send buffer stays full) is aborted and its engine "
+                                        "slot freed.")
+    max_connections: int | None = Field(None, ge=1, description="Open connections at most; more are answered "
+                                        "503 and closed, with a log line. None: the file-descriptor soft limit "
+                                        "minus 128 (kept for the model, the engine and the log).")
 
 
 class GenerationSettings(_Strict):
@@ -159,13 +182,19 @@ class TextSettings(_Strict):
     homophones: bool = Field(True, description="Replace rare Chinese characters by homophones when a table is found.")
     homophones_map: str | None = Field(
         None, description="homophones_map.json to use; default: the checkpoint dir, else an installed chattts package.")
-    language_normalizers: list[Literal["wetext", "nemo"]] = Field(
-        default_factory=list, description="Optional extras that spell out numbers: wetext (zh), nemo (en).")
+    language_normalizers: Literal["installed"] | list[Literal["wetext", "nemo"]] = Field(
+        "installed", description="Normalizers that spell out numbers, dates and amounts, as upstream's examples "
+        "register them: wetext (WeTextProcessing, zh), nemo (nemo_text_processing, en). installed (default): each "
+        "one that is installed (the runtime image carries both; /health's upstream_data says which were found); "
+        "a list: exactly those, a missing one fails the start; []: none (upstream's Chat default).")
+    normalizer_grammars: str | None = Field(
+        None, description="Where nemo's compiled English grammars are cached (default: the installation's "
+        "share/chattts-runtime/grammars, filled at image build time); absent: compiled at start-up (minutes).")
     drop_unknown_characters: bool = Field(
         False, description="Also drop characters the checkpoint's tokenizer would turn into [UNK] (upstream keeps them).")
     frames_per_text_token: float = Field(
         16.0, gt=0.0, description="Frames budgeted per text token when cutting long input into pieces.")
-    voice_from_first_piece: Literal["stream"] | bool = Field(
+    voice_from_first_piece: Literal["stream"] | StrictBool = Field(
         True, description="Upstream's long input: the first piece is generated whole and its audio becomes a "
                           "voice sample (spk_smp, its text as txt_smp) for every piece, the first one again "
                           "(true: upstream's default and output). stream: the first piece's voice pass is itself "

@@ -2,16 +2,17 @@
 
 | metric | type | meaning |
 |---|---|---|
-| ``vllm:scheduler_deadline_wait_seconds`` | histogram | time from a request's arrival until the engine first runs it (its prefill starts). Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
-| ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine |
+| ``vllm:scheduler_deadline_wait_seconds`` | histogram | the time a response waited in queues before the engine runs its first audio: its first piece's wait from submission to prefill, plus its waits in the stages before (refine-text's queue, upstream's first-piece voice pass's admission), once per response, observed when the first piece is scheduled. The stages' own work (refine's tokens, the voice pass's generation) is not a wait: it is in time to first audio and ``chattts_first_audio_stage_seconds``. Observed live, at scheduling time, so it rises as soon as a queue builds (unlike vLLM's ``request_queue_time``, recorded at completion). The autoscaler's signal. |
+| ``chattts_requests_waiting`` | gauge | requests accepted but not yet scheduled by the engine, and speech requests in refine-text |
 | ``chattts_requests_running`` | gauge | requests the engine is generating |
 | ``chattts_batch_size`` | histogram | sequences per engine step (1 = no batching) |
 | ``chattts_time_to_first_audio_seconds`` | histogram | request received -> first audio bytes ready (streaming) or whole response ready (non-streaming): refine-text and a long input's first-piece voice pass included |
-| ``chattts_first_audio_stage_seconds{stage}`` | histogram | the parts of the way to the first audio: ``refine`` (refine-text of every piece, its queue included), ``voice`` (upstream's first-piece voice pass: generation, decode and encode; its parts ``voice_wait`` for a slot, ``voice_generate``, ``voice_encode``), ``first_window`` (the first piece's submission -> its first audio), ``queue`` (the first piece's wait for a slot, inside ``first_window``); ``voice_sample`` (stream mode: the sample made after the first piece, not on the first audio's path) |
+| ``chattts_first_audio_stage_seconds{stage}`` | histogram | the parts of the way to the first audio: ``refine`` (refine-text of every piece, its queue included), ``voice`` (upstream's first-piece voice pass: generation, decode and encode; its parts ``voice_wait`` for a slot, ``voice_generate``, ``voice_encode``), ``refine_wait`` (refine-text's queue, inside ``refine``), ``first_window`` (the first piece's submission -> its first audio), ``queue`` (the first piece's wait for a slot, inside ``first_window``); ``voice_sample`` (stream mode: the sample made after the first piece, not on the first audio's path) |
 | ``chattts_real_time_factor`` | histogram | per request: wall time from arrival to last audio / audio duration (< 1 is faster than real time) |
 | ``chattts_audio_seconds_total`` | counter | seconds of audio produced |
 | ``chattts_requests_total{status}`` | counter | finished requests by outcome (``ok``, ``client_error``, ``rejected``, ``aborted``, ``error``) |
 | ``chattts_engine_steps_total`` | counter | generation steps run by the engine |
+| ``chattts_http_refused_total{reason}`` | counter | connections and requests the connection layer refused before the app (``connections.py``): ``header_too_large`` (431), ``header_timeout`` (408), ``idle_timeout`` (a connection that sent no request, closed), ``send_timeout`` (a stalled reader's stream aborted), ``connection_limit`` (503), ``http_version`` (505), ``host``, ``authorization`` and ``bad_request`` (400: framing) |
 | ``chattts_event_loop_lag_seconds`` | histogram | how late the speech server's event loop runs a timer (sampled every 20 ms): what a blocked loop costs every client |
 """
 from __future__ import annotations
@@ -53,8 +54,13 @@ class RuntimeMetrics:
         self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio produced.", registry=r)
         self.requests = Counter("chattts_requests", "Finished requests by outcome.", ["status"], registry=r)
         self.steps = Counter("chattts_engine_steps", "Generation steps run by the engine.", registry=r)
+        self.http_refused = Counter("chattts_http_refused", "Connections and requests refused before the app, "
+                                    "by reason.", ["reason"], registry=r)
         self.loop_lag = Histogram("chattts_event_loop_lag_seconds", "How late the event loop runs a timer.",
                                   buckets=_LAG_BUCKETS, registry=r)
+        self.upstream_data_missing = Gauge(
+            "chattts_upstream_data_missing", "1 when start-up did not find this upstream data the config asks for "
+            "(homophones, speaker_stats, normalizer_zh, normalizer_en), else 0.", ["item"], registry=r)
 
     async def watch_loop_lag(self, interval: float = LAG_SAMPLE_SECONDS) -> None:
         """Runs until cancelled: each sleep's overshoot is time the loop could not serve anyone."""
@@ -64,16 +70,18 @@ class RuntimeMetrics:
             self.loop_lag.observe(max(0.0, time.monotonic() - start - interval))
 
     def on_scheduled(self, request: SynthesisRequest, wait_seconds: float) -> None:
-        self.deadline_wait.observe(max(0.0, wait_seconds))
+        if request.counts_wait:  # with the response's waits in the stages before (refine-text, a voice pass)
+            self.deadline_wait.observe(max(0.0, wait_seconds) + request.waited_before)
         request.scheduled_after = max(0.0, wait_seconds)
 
     def on_step(self, batch_size: int) -> None:
         self.batch_size.observe(batch_size)
         self.steps.inc()
 
-    def bind_engine(self, engine) -> None:
-        """Gauges read the engine's queue at scrape time."""
-        self.waiting.set_function(lambda: engine.num_waiting)
+    def bind_engine(self, engine, waiting_before=lambda: 0) -> None:
+        """Gauges read the engine's queue at scrape time; ``waiting_before()``: requests waiting in the
+        stages before the engine's queue (refine-text where it runs outside the engine's)."""
+        self.waiting.set_function(lambda: engine.num_waiting + waiting_before())
         self.running.set_function(lambda: engine.num_running)
 
 

@@ -102,7 +102,8 @@ def build_app(holder: "ServiceHolder"):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        service = holder.service  # upstream_data: what start-up found (None while loading)
+        return {"status": "ok", "upstream_data": None if service is None else service.upstream_data}
 
     @app.get("/ready")
     async def ready():
@@ -166,12 +167,19 @@ def build_app(holder: "ServiceHolder"):
         headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
         speech_request = parse_speech_request(payload)
         # Off the event loop when long: the text front-end tokenizes every piece of a long input (tens of
-        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded.
+        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded; and
+        # always when a language normalizer may run (WeTextProcessing / nemo: 0.1-0.9 s for one piece).
         synthesis = await off_loop_if(len(speech_request.input) > INLINE_PREPARE_CHARS
-                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS,
+                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS
+                                      or service.may_spell_out(speech_request),
                                       service.prepare, speech_request)
-        await service.refine(synthesis, speech_request)
-        await service.voice_from_first_piece(synthesis, speech_request)
+        if synthesis.waits_before_audio:  # refine-text, a voice pass: stopped there when the client leaves
+            try:
+                await unless(service.before_audio(synthesis, speech_request),
+                             {"client left": client_disconnected(request.receive)})
+            except Stopped:
+                holder.count_outcome(request.url.path, "aborted")
+                return Response(status_code=499)  # nobody reads it
         headers.update(refined_text_headers(synthesis.refined_text))
         headers.update(service.stage_headers(synthesis))
         frames = service.submit(synthesis)
@@ -295,7 +303,8 @@ class ServiceHolder:
             model = await asyncio.to_thread(load_chattts, self.config.model.path, device=device, dtype=dtype)
             engine = create_engine(self.config, model, self.metrics, on_failure=self._engine_failed)
             await engine.start()
-            service = SpeechService(self.config, model, engine, self.metrics)
+            # Off the loop: it reads the homophone table and loads the language normalizers' grammars.
+            service = await asyncio.to_thread(SpeechService, self.config, model, engine, self.metrics)
             self.service = service
             if self.config.generation.warmup:
                 await service.warmup()
@@ -345,13 +354,26 @@ class ServiceHolder:
 GRACE_MARGIN_SECONDS = 1.0  # after our grace deadline, for the 503s to be written before uvicorn cancels
 
 
+EXIT_PORT_IN_USE = 3  # exit codes: 0 drained, 1 start-up or engine failed / grace ran out, 2 bad config or model
+
+
 def serve(config: RuntimeConfig) -> int:
     """Run until SIGTERM/SIGINT; in-flight requests get ``shutdown_grace_seconds`` to finish."""
     import uvicorn  # noqa: PLC0415
 
+    from chattts_runtime.connections import ConnectionGuard, PortInUse, bind_listener, guarded_protocol  # noqa: PLC0415
+
+    try:  # before the model loads: a taken port fails now, not after it
+        listener = bind_listener(config.server.host, config.server.port)
+    except PortInUse as err:
+        log.error("cannot listen: %s (server.port)", err.strerror)
+        return EXIT_PORT_IN_USE
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_SECONDS))
     holder = ServiceHolder(config)
     app = build_app(holder)
+    guard = ConnectionGuard(config.server, count=lambda reason: holder.metrics.http_refused.labels(reason).inc())
+    log.info("listening on %s:%d, at most %d connections (server.max_connections)", config.server.host,
+             config.server.port, guard.max_connections)
 
     grace = config.server.shutdown_grace_seconds
 
@@ -372,11 +394,12 @@ def serve(config: RuntimeConfig) -> int:
 
     server = DrainingServer(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, log_level="info", access_log=False,
-        timeout_graceful_shutdown=grace + GRACE_MARGIN_SECONDS, lifespan="on"))
+        timeout_graceful_shutdown=grace + GRACE_MARGIN_SECONDS, lifespan="on",
+        http=guarded_protocol(guard), ws="none", timeout_keep_alive=config.server.keep_alive_timeout_seconds))
 
     def fatal() -> None:
         server.should_exit = True
 
     holder.on_fatal = fatal
-    server.run()
+    server.run(sockets=[listener])
     return 1 if holder.failed or holder.unfinished_at_expiry else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from chattts_runtime.audio_io import (
     BatchedDecoder, StreamingDecoder, StreamWindows, UnsupportedFormat, check_format, encode)
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 MAX_SPEAKER_SAMPLE_CHARS = 16_384  # a 30 s clip's codes compress to a few thousand characters
 MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
-# OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged.
+# OpenAI's model names are accepted as aliases of the served model, so existing clients work unchanged,
+# and so are their dated snapshots (tts-1-1106, gpt-4o-mini-tts-2025-03-20, ...).
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+_DATED_ALIAS = re.compile(r"(?:%s)(?:-\d{4}|-\d{4}-\d{2}-\d{2})" % "|".join(map(re.escape, OPENAI_MODEL_ALIASES)))
 INT32_MAX = 2**31 - 1
 # text.voice_from_first_piece resolved for one request: upstream's voice pass, streamed, or none.
 VoiceMode = Literal["upstream", "stream", "off"]
@@ -49,9 +52,12 @@ def voice_mode(setting: "bool | str | None") -> VoiceMode:
 
 
 class SpeechRequest(BaseModel):
-    """``POST /v1/audio/speech`` body (OpenAI's fields plus ChatTTS sampling extensions)."""
+    """``POST /v1/audio/speech`` body (OpenAI's fields plus ChatTTS sampling extensions).
 
-    model_config = ConfigDict(extra="ignore")
+    Strict types: ``"speed": true`` or ``"stream": "yes"`` are 400s, never read as 1.0 or true (an
+    integer is a number, though)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     input: str
@@ -87,13 +93,14 @@ class SpeechRequest(BaseModel):
     # A long input's voice (text.voice_from_first_piece): true = upstream's (the first piece generated for
     # its voice, then spoken again with it), "stream" = that voice pass is streamed as the first piece,
     # false = every piece on its own. Unset: the server's setting.
-    voice_from_first_piece: Literal["stream"] | bool | None = None
+    voice_from_first_piece: Literal["stream"] | StrictBool | None = None
     normalize: bool | None = None  # upstream's text normalization; default from text.normalize
     lang: Literal["zh", "en"] | None = None  # language for normalization; default: detected
 
     @property
     def streaming(self) -> bool:
-        return self.stream is not False or self.stream_format is not None
+        """``stream: false`` is one whole body, whatever else; ``stream_format`` says how a stream is sent."""
+        return self.stream is not False
 
 
 def parse_speech_request(payload: object) -> SpeechRequest:
@@ -103,6 +110,18 @@ def parse_speech_request(payload: object) -> SpeechRequest:
         first = err.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+# Refine-text draws from the request's seed XOR this (each piece's seed is the request's plus its index, as
+# its audio's), so its random stream is not the audio pass's own; the XOR stays in the seed's int64 range.
+REFINE_SEED_SALT = 0x5EED_0F_7E47
+
+
+def refine_seeded(refine, seed: int | None):
+    """``refine`` (RefineParams) drawing from ``seed`` (a piece's audio seed), unless it has none."""
+    if seed is None:
+        return refine
+    return replace(refine, sampling=replace(refine.sampling, seed=seed ^ REFINE_SEED_SALT))
 
 
 @dataclass
@@ -126,10 +145,54 @@ class Synthesis:
     # Seconds spent in each stage before the first audio (refine, voice), observed as they end.
     stages: dict[str, float] = field(default_factory=dict)
     received: float = field(default_factory=time.monotonic)  # when the request was prepared
+    waited: float = 0.0  # seconds in the queues of the stages before its first piece (refine, voice pass)
+
+    @property
+    def waits_before_audio(self) -> bool:
+        """Stages run before its first piece goes to the engine: refine-text, upstream's voice pass."""
+        return (self.pipeline is not None and self.pipeline.refine is not None) or \
+            (bool(self.more) and self.voice_mode == "upstream")
 
     @property
     def prompt_tokens(self) -> int:
         return sum(len(r.prompt_ids) for r in (self.request, *self.more))
+
+
+def upstream_data(config: RuntimeConfig, normalizer: dict, speaker_stats) -> dict:
+    """What this runtime found of the data that makes its text and voices upstream's, said once at start-up
+    (logged; ``/health``'s ``upstream_data``): the homophone table, the speaker statistics (voice presets) and
+    the language normalizers (numbers, dates, amounts spoken). ``missing`` names each one that the config asks
+    for (the defaults ask for all) and that was not found: speech still works, but not as upstream's."""
+    text = config.text
+    normalizers = normalizer["language_normalizers"]
+    found = {
+        "homophones": normalizer["homophones_source"],
+        "speaker_stats": None if speaker_stats is None else speaker_stats.source,
+        "normalizers": normalizers,
+    }
+    missing = []
+    if text.homophones and found["homophones"] is None:
+        missing.append("homophones")
+    if found["speaker_stats"] is None:
+        missing.append("speaker_stats")
+    if text.language_normalizers == "installed":
+        missing += [f"normalizer_{lang}" for lang in ("zh", "en") if lang not in normalizers]
+    for name in missing:
+        log.warning("upstream data missing: %s (%s)", name, _MISSING[name.split("_")[0]])
+    log.info("upstream data: homophones %s, speaker statistics %s, normalizers %s", found["homophones"],
+             found["speaker_stats"], normalizers or "none")
+    return {**found, "missing": missing}
+
+
+UPSTREAM_ITEMS = ("homophones", "speaker_stats", "normalizer_zh", "normalizer_en")
+_MISSING = {
+    "homophones": "no homophones_map.json in text.homophones_map, the checkpoint dir or an installed chattts "
+                  "package: rare Chinese characters are not replaced as upstream",
+    "speaker": "no speaker statistics in the checkpoint (asset/spk_stat.pt) or an installed chattts package: "
+               "voice presets answer 400, speaker strings still work",
+    "normalizer": "the language normalizer is not installed (WeTextProcessing for zh, nemo_text_processing for "
+                  "en): digits, dates and amounts in that language are dropped, not spoken",
+}
 
 
 class SpeechService:
@@ -151,7 +214,11 @@ class SpeechService:
         from chattts_runtime.text.frontend import FrontEnd  # noqa: PLC0415
 
         self.frontend = FrontEnd.from_config(config, model.tokenizer)
-        metrics.bind_engine(engine)
+        self.refining = 0  # speech requests in refine-text: waiting for their audio (the waiting gauge)
+        self.upstream_data = upstream_data(config, self.frontend.normalizer.describe(), model.speaker_stats)
+        for item in UPSTREAM_ITEMS:
+            metrics.upstream_data_missing.labels(item).set(int(item in self.upstream_data["missing"]))
+        metrics.bind_engine(engine, waiting_before=lambda: self.refining)
         # A checkpoint whose DVAE has no encoder cannot sample a voice (said once, here).
         self._can_sample_voice = model.encoder is not None
         if config.text.voice_from_first_piece and model.encoder is None:
@@ -164,8 +231,14 @@ class SpeechService:
 
     # -- validation ------------------------------------------------------------------------
 
+    def may_spell_out(self, req: SpeechRequest) -> bool:
+        """Whether preparing ``req`` may run a language normalizer (costly: the server then prepares it
+        off the event loop)."""
+        normalize = self.config.text.normalize if req.normalize is None else req.normalize
+        return normalize and bool(self.frontend.normalizer.language_normalizers)
+
     def prepare(self, req: SpeechRequest) -> Synthesis:
-        if req.model not in self.model_names:
+        if req.model not in self.model_names and not _DATED_ALIAS.fullmatch(req.model):
             raise APIError(404, f"model {quote(req.model)} is not served here; use {self.config.model.served_name!r}",
                            param="model", code="model_not_found")
         if not req.input.strip():
@@ -176,6 +249,9 @@ class SpeechService:
         if not MIN_SPEED <= req.speed <= MAX_SPEED:
             raise APIError(400, f"speed must be between {MIN_SPEED} and {MAX_SPEED}; got {req.speed}",
                            param="speed")
+        if req.stream is False and req.stream_format == "sse":
+            raise APIError(400, "stream_format 'sse' is a stream: it cannot be sent with stream false",
+                           param="stream_format")
         try:
             check_format(req.response_format, req.streaming)
         except UnsupportedFormat as err:
@@ -240,9 +316,12 @@ class SpeechService:
         except NothingToSay as err:
             raise APIError(400, str(err), param="input", code="nothing_to_synthesize") from None
         except SentenceTooLong as err:
-            raise APIError(400, f"{err}; it does not fit max_model_len {self.config.engine.max_model_len} "
-                           f"with the audio it needs: split it with punctuation", param="input",
-                           code="sentence_too_long") from None
+            budget = self.frontend.budget
+            most = budget.max_text_tokens(req.speed)
+            raise APIError(400, f"{err}; one piece holds about {most} text tokens at most (engine.max_model_len "
+                           f"{budget.max_model_len}, {budget.frames_per_text_token:g} frames budgeted per token at "
+                           f"speed {req.speed:g}): add punctuation or spaces", param="input",
+                           code="input_too_long") from None
 
     def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
                      index: int = 0, piece_frames: int | None = None,
@@ -267,13 +346,22 @@ class SpeechService:
                          seed=None if params.seed is None else params.seed + index)
         return prompt.input_ids, params
 
+    async def before_audio(self, synthesis: Synthesis, req: SpeechRequest) -> None:
+        """The stages before the first piece is submitted, in order."""
+        await self.refine(synthesis, req)
+        await self.voice_from_first_piece(synthesis, req)
+
     async def refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         """Upstream's refine-text pass, when the request runs it, piece by piece (upstream refines each
         text of its batch): the audio pass then reads the refined text."""
         if synthesis.pipeline is None or synthesis.pipeline.refine is None:
             return
         began = time.monotonic()
-        await self._refine(synthesis, req)
+        self.refining += 1
+        try:
+            await self._refine(synthesis, req)
+        finally:
+            self.refining -= 1
         self._stage(synthesis, "refine", time.monotonic() - began)
 
     @staticmethod
@@ -293,12 +381,16 @@ class SpeechService:
     async def _refine(self, synthesis: Synthesis, req: SpeechRequest) -> None:
         refiner = self._text_refiner()
         loop = asyncio.get_running_loop()
-        refine = synthesis.pipeline.refine
+        # Each piece refined with its own draw of the request's seed: the same seed, the same refined text.
+        refines = [refine_seeded(synthesis.pipeline.refine, request.params.seed)
+                   for request in (synthesis.request, *synthesis.more)]
         if self.engine.refines_text:  # every piece at once, batched in the engine with other requests'
-            prompts = [refiner.prompt_ids(text, refine) for text in synthesis.texts]
+            prompts = [refiner.prompt_ids(text, refine) for text, refine in zip(synthesis.texts, refines)]
+            waits: list[float] = []  # each piece's wait for a slot: they wait side by side
             try:
                 generated = await asyncio.gather(*(self.engine.refine_text(f"refine-{uuid.uuid4().hex}", p,
-                                                                           refine.sampling) for p in prompts))
+                                                                           refine.sampling, on_wait=waits.append)
+                                                   for p, refine in zip(prompts, refines)))
             except QueueFull as err:
                 raise APIError(429, f"server is at capacity ({err}); retry later", err_type="rate_limit_error",
                                code="queue_full",
@@ -309,9 +401,20 @@ class SpeechService:
             except EngineError as err:
                 raise APIError(500, str(err), err_type="server_error") from None
             results = [refiner.read(g, len(p)) for g, p in zip(generated, prompts)]
-        else:
-            results = [await loop.run_in_executor(self._refine_pool, refiner.refine, text, refine)
-                       for text in synthesis.texts]
+            wait = max(waits, default=0.0)
+        else:  # one piece after the other on the refine worker: each waits for it again
+            results, wait = [], 0.0
+            for text, refine in zip(synthesis.texts, refines):
+                queued, started = time.monotonic(), []
+
+                def run(text=text, refine=refine, started=started):
+                    started.append(time.monotonic())
+                    return refiner.refine(text, refine)
+
+                results.append(await loop.run_in_executor(self._refine_pool, run))
+                wait += started[0] - queued
+        synthesis.waited += wait
+        self._stage(synthesis, "refine_wait", wait)
         refined_texts = []
         for index, (request, refined) in enumerate(zip((synthesis.request, *synthesis.more), results)):
             refined_texts.append(refined.text)
@@ -333,8 +436,9 @@ class SpeechService:
         room = self._sample_room(synthesis)
         params = replace(first.params, max_new_frames=min(first.params.max_new_frames, room),
                          min_new_frames=min(first.params.min_new_frames, room))
+        # Its queue wait is added to the first piece's (one observation per response, when audio starts).
         reference = replace(first, request_id=f"{first.request_id}-voice", want_audio=False, params=params,
-                            arrival=time.monotonic(), stage=Stage.VOICE)
+                            arrival=time.monotonic(), stage=Stage.VOICE, counts_wait=False)
         stream = self._to_engine(reference)
         frames = []
         try:
@@ -352,6 +456,7 @@ class SpeechService:
         self._stage(synthesis, "voice", done - began)
         # Its parts: the wait for a slot, the generation after it, then decode and encode into the sample.
         wait = reference.scheduled_after or 0.0
+        synthesis.waited += wait
         self._stage(synthesis, "voice_wait", wait)
         self._stage(synthesis, "voice_generate", generated - began - wait)
         self._stage(synthesis, "voice_encode", done - generated)
@@ -406,6 +511,7 @@ class SpeechService:
 
     def submit(self, synthesis: Synthesis) -> AsyncIterator[FrameChunk]:
         synthesis.request.arrival = time.monotonic()
+        synthesis.request.waited_before = synthesis.waited  # the scheduler metric counts every queue, once
         first = self._to_engine(synthesis.request)
         if not synthesis.more:
             return first

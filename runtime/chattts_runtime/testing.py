@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import string
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -51,21 +52,32 @@ def full_sizes() -> ModelSizes:
     return ModelSizes()
 
 
-def _vocab() -> list[str]:
+def _vocab(official_order: bool = False) -> list[str]:
+    """The tiny vocabulary. ``official_order``: in the order of the official checkpoint's, as far as upstream's code
+    relies on it: the text vocabulary first, then the control tokens, the level tokens (``[break_k]``, ``[laugh_k]``,
+    ``[oral_k]``, ``[speed_k]``) last from ``[break_0]`` on, so refine-text's ``ids < [break_0]`` filter keeps the
+    text and ``[Stts]``, ``[spk_emb]``, ``[uv_break]``... (refined text can hold them: upstream's issue 459).
+    Default: the control tokens right after the specials (every text id above ``[break_0]``)."""
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    return specials + list(CONTROL_TOKENS) + list(_CHARS) + [f"##{c}" for c in _CHARS]
+    text = list(_CHARS) + [f"##{c}" for c in _CHARS]
+    if not official_order:
+        return specials + list(CONTROL_TOKENS) + text
+    kinds = ("break", "laugh", "oral", "speed")
+    levels = sorted((t for t in CONTROL_TOKENS if re.fullmatch(r"\[[a-z]+_\d\]", t)),
+                    key=lambda t: kinds.index(t[1:t.index("_")]))
+    return specials + text + [t for t in CONTROL_TOKENS if t not in levels] + levels
 
 
 def tokenizer_vocab_size() -> int:
     return len(_vocab())
 
 
-def write_tokenizer(out_dir: Path) -> None:
-    """A WordPiece (BERT) tokenizer over single characters, with ChatTTS's control tokens."""
+def write_tokenizer(out_dir: Path, *, official_order: bool = False) -> None:
+    """A WordPiece (BERT) tokenizer over single characters, with ChatTTS's control tokens (``_vocab``'s order)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers  # noqa: PLC0415
     from transformers import BertTokenizerFast  # noqa: PLC0415
 
-    vocab = _vocab()
+    vocab = _vocab(official_order)
     core = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     core.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
     core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

@@ -331,7 +331,7 @@ def test_bad_autoscaling_specs_are_rejected_at_apply_time(cluster, namespace):
         assert result.returncode != 0, f"accepted: {autoscaling}"
         assert message in result.stderr, (autoscaling, result.stderr)
     # The same shapes, made valid, are accepted ($$ is a literal dollar in a query).
-    good = ctd("good", autoscaling={
+    good = ctd("good", engine={"kind": "vllm"}, autoscaling={  # batch-token tuning is the vllm engine's
         "enabled": True, "minReplicas": 1, "maxReplicas": 2,
         "metrics": {"type": "prometheus", "prometheus": {
             "url": "http://p:9090", "query": 'max(x{namespace="$namespace",${selector}}) * $$5 + $quantile'}},

@@ -27,6 +27,7 @@ import localcluster
 from chattts_operator.core import clock
 from chattts_operator.core.metrics import REGISTRY
 from chattts_operator.api.common import parse_live_quantity as parse_quantity
+from chattts_operator.deployment.gpu import mig_profile_memory_mib
 from tests.cluster.helpers import runtime_yaml
 from tests.support import TEST_ENGINE, install_crds, wait_until
 
@@ -651,13 +652,177 @@ def test_two_policies_over_the_same_nodes(cluster, namespace, gpu_pool, operator
 
         yielded = wait_until(lambda: (c := valid(second)) and c["status"] == "False" and c, "the second policy to yield")
         assert yielded["reason"] == "OverlappingPool" and first in yielded["message"]
-        acting = wait_until(lambda: (c := valid(first)) and c["status"] == "False" and c, "the first policy to report it")
-        assert second in acting["message"] and "yields" in acting["message"]
+        # The one that acts is valid, and names the one that yields to it.
+        acting = wait_until(lambda: (c := valid(first)) and c["status"] == "True" and second in c["message"] and c,
+                            "the first policy to report it")
+        assert "yields" in acting["message"]
+        for _ in range(3):
+            time.sleep(1)
+            assert valid(first)["status"] == "True"
         # The second goes: the first is valid again.
         cluster.kubectl("delete", "gpusharepolicy", second, "--wait=true", "--timeout=60s")
         wait_until(lambda: (c := valid(first)) and c["status"] == "True", "the first policy valid again")
     finally:
         cluster.kubectl("delete", "gpusharepolicy", first, second, "--ignore-not-found", "--wait=false", check=False)
+
+
+# --- accounting that adds up (issue 32) ----------------------------------------------------------
+
+
+def conditions_of(cluster, name: str) -> dict[str, dict[str, Any]]:
+    obj = kjson(cluster, "get", "gpusharepolicy", name)
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+
+
+def test_policy_events_are_recorded(cluster, namespace, gpu_pool, operator):
+    """Events about a GPUSharePolicy (cluster-scoped) are posted in namespace default, where the
+    API server accepts them, and name the policy."""
+    name = f"ev-{namespace}"[:63]
+    try:
+        apply(cluster, None, policy(name, gpu_pool))
+        events = wait_until(lambda: [e for e in kjson(cluster, "get", "events", "-n", "default", "--field-selector",
+                                                       f"involvedObject.name={name}")["items"]
+                                     if e["reason"] == "WindowChanged"], "the WindowChanged Event", timeout=60)
+        event = events[0]
+        assert event["involvedObject"]["kind"] == "GPUSharePolicy" and not event["involvedObject"].get("namespace")
+        assert "window 'night' in force" in event["message"]
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_mig_node_is_counted_once(cluster, namespace, operator):
+    """The session cluster's MIG node (hack/cluster/nodes.yaml: 8 H200s, each split into slices
+    that hold its memory, GFD's gpu.count still 8) counts its slices' memory, once."""
+    node = kjson(cluster, "get", "node", "gpu-h200-mig-0")
+    assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
+    slices = {"1g.18gb": 16, "2g.35gb": 8, "3g.71gb": 8}
+    for profile, count in slices.items():
+        assert node["status"]["allocatable"][f"nvidia.com/mig-{profile}"] == str(count)
+    name = f"mig-{namespace}"[:63]
+    body = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "gpu-h200-mig-0"}}}}
+    try:
+        apply(cluster, None, body)
+        pool = wait_until(lambda: (kjson(cluster, "get", "gpusharepolicy", name).get("status") or {}).get("pool", {})
+                          .get("gpuMemoryMiB"), "the pool's GPU memory", timeout=60)
+        # Each slice by its profile's memory, as the members' MIG requests are counted; the 8 GPUs
+        # GFD counts are not added on top (that was 8 x 143,771 MiB more).
+        assert pool == sum(count * mig_profile_memory_mib(profile) for profile, count in slices.items())
+        assert pool <= 8 * 143771
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_an_empty_pool_is_a_condition_and_changes_nothing(cluster, namespace, operator):
+    name = f"empty-{namespace}"[:63]
+    body = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {POOL_KEY: f"nothing-{namespace}"}}}}
+    member = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
+              "metadata": {"name": "tts", "labels": {SHARE_LABEL: name}},
+              "spec": {"replicas": 2, "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
+                       "gpu": {"memory": "8Gi"}, "engine": dict(TEST_ENGINE)}}
+    try:
+        apply(cluster, None, body)
+        apply(cluster, namespace, member)
+        conditions = wait_until(lambda: (c := conditions_of(cluster, name)) and "Valid" in c and c,
+                                "the policy's conditions", timeout=60)
+        assert conditions["Valid"]["status"] == "False" and conditions["Valid"]["reason"] == "EmptyPool"
+        assert conditions["Balanced"]["status"] == "False" and conditions["Balanced"]["reason"] == "EmptyPool"
+        # No budget of 0 scales the member down: it is left alone.
+        wait_until(lambda: kjson(cluster, "get", "deployment", "tts", "-n", namespace)["spec"]["replicas"] == 2,
+                   "the member's Deployment at spec.replicas", timeout=60)
+        time.sleep(2)
+        annotations = kjson(cluster, "get", "ctd", "tts", "-n", namespace)["metadata"].get("annotations") or {}
+        assert CAP not in annotations
+        # An edit is seen at once (no resync wait), and its generation reported.
+        cluster.kubectl("patch", "gpusharepolicy", name, "--type=merge", "-p",
+                        json.dumps({"spec": {"defaultShares": {"online": 90, "offline": 10}}}))
+        wait_until(lambda: (o := kjson(cluster, "get", "gpusharepolicy", name))["status"]["observedGeneration"]
+                   == o["metadata"]["generation"], "the new generation observed", timeout=10)
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_label_naming_no_policy_is_reported(cluster, namespace, operator):
+    """A typo in the share-policy label is no silent no-op: the member says the policy does not
+    exist, and learns when it appears (the policies' watch, not a resync)."""
+    name = f"later-{namespace}"[:63]
+    member = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "ChatTTSDeployment",
+              "metadata": {"name": "tts", "labels": {SHARE_LABEL: name}},
+              "spec": {"replicas": 0, "model": {"hostPath": {"path": "/srv/models/chattts"}, "format": "fp16"},
+                       "gpu": {"memory": "8Gi"}, "engine": dict(TEST_ENGINE)}}
+
+    def share_condition() -> dict[str, Any]:
+        obj = kjson(cluster, "get", "ctd", "tts", "-n", namespace)
+        return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "SharePolicy"), {})
+
+    try:
+        apply(cluster, namespace, member)
+        cond = wait_until(lambda: (c := share_condition()) and c, "the SharePolicy condition", timeout=60)
+        assert cond["status"] == "False" and cond["reason"] == "PolicyNotFound" and name in cond["message"]
+        apply(cluster, None, {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy",
+                              "metadata": {"name": name}, "spec": {"nodeSelector": {"matchLabels": {POOL_KEY: "x"}}}})
+        wait_until(lambda: share_condition().get("status") == "True", "SharePolicy=True once the policy exists",
+                   timeout=30)
+        cluster.kubectl("delete", "gpusharepolicy", name, "--wait=true", "--timeout=60s")
+        wait_until(lambda: share_condition().get("reason") == "PolicyNotFound", "PolicyNotFound again", timeout=30)
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_pods_outside_the_pool_are_reported_then_brought_inside(cluster, namespace, gpu_pool, operator):
+    """A member serving on nodes outside the pool when it joins: those pods are not counted
+    against the pool and status names them (PodsOutsidePool) for as long as they run there;
+    the policy's selector becomes the pods' node affinity, so once they may run in the pool
+    (here: once they tolerate its taint) the rollout puts them inside."""
+    name = f"out-{namespace}"[:63]
+    member = serving("tts", name, gpu_pool, replicas=2)
+    member["metadata"]["labels"] = {}
+    del member["spec"]["gpu"]["nodeSelector"]
+    tolerations = member["spec"].pop("tolerations")  # the pool's nodes are tainted: it runs elsewhere
+    try:
+        apply(cluster, namespace, member)
+
+        def running_nodes() -> list[str]:
+            pods = kjson(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=tts")["items"]
+            return sorted(p["spec"]["nodeName"] for p in pods if p["status"].get("phase") == "Running"
+                          and not p["metadata"].get("deletionTimestamp"))
+
+        outside_nodes = wait_until(lambda: (n := running_nodes()) and len(n) == 2 and n, "2 replicas running")
+        assert not set(outside_nodes) & set(gpu_pool.nodes)
+        apply(cluster, None, policy(name, gpu_pool))
+        cluster.kubectl("label", "ctd", "tts", "-n", namespace, f"{SHARE_LABEL}={name}")
+
+        reported = wait_until(lambda: (c := conditions_of(cluster, name).get("PodsOutsidePool"))
+                              and c["status"] == "True" and c, "PodsOutsidePool=True", timeout=60)
+        assert "2 member pods" in reported["message"] and "not counted" in reported["message"]
+        assert all(node in reported["message"] for node in outside_nodes), reported["message"]
+        # The affinity came: the new pod waits (the taint), the two outside keep serving, uncounted.
+        dep = wait_until(lambda: (d := kjson(cluster, "get", "deployment", "tts", "-n", namespace))
+                         and (d["spec"]["template"]["spec"].get("affinity") or {}).get("nodeAffinity") and d,
+                         "the pool's node affinity on the pod template", timeout=60)
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert all({"key": POOL_KEY, "operator": "In", "values": [namespace]} in t["matchExpressions"] for t in terms)
+        time.sleep(2)
+        status = kjson(cluster, "get", "gpusharepolicy", name)["status"]
+        assert conditions_of(cluster, name)["PodsOutsidePool"]["status"] == "True"
+        # The rollout has 3 pods (2 outside): counted are the 2 replicas the cap allows, not 3.
+        assert status["used"]["onlineMiB"] == 2 * REPLICA_MIB, status["used"]
+
+        # Allowed into the pool: the rollout moves them in, and the report clears.
+        cluster.kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"tolerations": tolerations}}))
+
+        def inside() -> bool:
+            now = running_nodes()
+            outside = conditions_of(cluster, name).get("PodsOutsidePool") or {}
+            return len(now) == 2 and set(now) <= set(gpu_pool.nodes) and outside.get("reason") == "AllInPool"
+
+        wait_until(inside, "the member's pods inside the pool", timeout=120)
+        assert kjson(cluster, "get", "gpusharepolicy", name)["status"]["used"]["onlineMiB"] == 2 * REPLICA_MIB
+    finally:
+        cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def test_the_examples_are_accepted_by_the_api_server(cluster, namespace):

@@ -47,3 +47,21 @@ def test_runtime_image_serves_speech_from_a_read_only_checkpoint(runtime_cpu_ima
         frames = wav.readframes(wav.getnframes())
     assert wav.getnframes() > 0 and any(frames), "the WAV holds no samples or only silence"
 
+
+
+def test_runtime_image_speaks_numbers_dates_and_amounts(runtime_cpu_image):
+    """The image carries the language normalizers with their grammars built (no compiling at start): a date
+    and an amount come out spelled out, and the runtime's default finds both normalizers."""
+    from conftest import LOCKED_DOWN, podman
+
+    code = ("import json; from chattts_runtime.text import language as l; "
+            "n = l.load_language_normalizers('installed'); print(json.dumps({'names': l.installed_normalizers(), "
+            "'grammars': sorted(p.name for p in l.GRAMMAR_DIR.glob('*.far')), 'zh': n['zh']('2024年3月15日下午3:30'), "
+            "'en': n['en']('It costs $1,234.50.')}))")
+    result = podman("run", "--rm", *LOCKED_DOWN, "--entrypoint=python", runtime_cpu_image, "-c", code, timeout=300)
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said["names"] == ["wetext", "nemo"]
+    assert said["zh"].startswith("二零二四年三月十五日下午三点三十分")
+    assert "one thousand two hundred and thirty four dollars fifty cents" in said["en"]
+    # nemo's English grammars were compiled at build time, into the cache the runtime loads them from
+    assert any(name.startswith("en_tn_") for name in said["grammars"]), said["grammars"]

@@ -169,15 +169,26 @@ class Upstream:
 
 @pytest.fixture(scope="session")
 def upstream(tmp_path_factory) -> Upstream:
+    return build_upstream(tmp_path_factory, official_order=False)
+
+
+@pytest.fixture(scope="session")
+def upstream_official_order(tmp_path_factory) -> Upstream:
+    """The same, with the tokenizer in the official vocabulary's order (text ids below ``[break_0]``, so
+    refine-text's output keeps its text; ``chattts_runtime.testing._vocab``)."""
+    return build_upstream(tmp_path_factory, official_order=True)
+
+
+def build_upstream(tmp_path_factory, *, official_order: bool) -> Upstream:
     ChatTTS = import_upstream()
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
     from chattts_runtime.testing import tokenizer_vocab_size, write_tokenizer  # noqa: PLC0415
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    root = tmp_path_factory.mktemp("upstream") / "chattts"
+    root = tmp_path_factory.mktemp("upstream-official" if official_order else "upstream") / "chattts"
     cfg = small_config(ChatTTS, tokenizer_vocab_size(), speaker_stat_string(HIDDEN))
     write_upstream_checkpoint(ChatTTS, cfg, root)
-    write_tokenizer(root / "asset" / "tokenizer")
+    write_tokenizer(root / "asset" / "tokenizer", official_order=official_order)
     (root / "chattts_runtime.json").write_text(json.dumps(runtime_sizes(cfg), indent=2))
 
     chat = ChatTTS.Chat()

@@ -10,6 +10,16 @@ def upstream_greedy(input_ids, logits):
     return torch.full_like(logits, -torch.inf).scatter_(1, logits.argmax(1, keepdim=True), 0.0)
 
 
+def upstream_greedy_processors(repetition_penalty: float = 1.05, num_code: int = 625) -> tuple:
+    """Upstream's own logits processors for these settings (``gen_logits``: its repetition penalty over
+    the last 16 generated tokens), then the argmax: what the runtime's ``temperature: 0`` computes.
+    The default penalty is upstream's ``InferCodeParams.repetition_penalty``."""
+    from ChatTTS.model.processors import gen_logits  # noqa: PLC0415
+
+    _, processors = gen_logits(num_code=num_code, top_P=None, top_K=None, repetition_penalty=repetition_penalty)
+    return (*processors, upstream_greedy)
+
+
 def run_reference(model, requests):
     """Every ``SynthesisRequest`` through the runtime's reference engine: ``[(codes, hidden)]``."""
     import asyncio  # noqa: PLC0415

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity_helpers import upstream_greedy
+from parity_helpers import upstream_greedy_processors
 
 PIECES = ["hello world. ", "chat tts is ok"]
 
@@ -29,7 +29,8 @@ def upstream_piece(up, text: str, speaker: str, frames: int, txt_smp=None, spk_s
     chat.speaker.apply(emb, speaker, input_ids, chat.tokenizer.spk_emb_ids, torch.device("cpu"))
     return next(chat.gpt.generate(
         emb, input_ids, temperature=torch.ones(num_vq), eos_token=up.cfg.gpt.num_audio_tokens - 1,
-        attention_mask=attention_mask, max_new_token=frames, min_new_token=0, logits_processors=(upstream_greedy,),
+        attention_mask=attention_mask, max_new_token=frames, min_new_token=0,
+        logits_processors=upstream_greedy_processors(),
         infer_text=False, return_hidden=True, stream=False, show_tqdm=False, ensure_non_empty=False))
 
 

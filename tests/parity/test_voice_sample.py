@@ -33,7 +33,7 @@ def test_reference_clip_codes_and_sample_string_equal(upstream):
 
 def test_greedy_codes_with_a_voice_sample_equal(upstream):
     """Upstream's ``_infer_code`` with ``spk_smp``/``txt_smp`` and no ``spk_emb``: the clip's codes follow the prompt."""
-    from parity_helpers import run_reference, upstream_greedy
+    from parity_helpers import run_reference, upstream_greedy_processors
 
     from chattts_runtime.engines.base import SynthesisRequest
     from chattts_runtime.model.encoder import decode_sample_codes, encode_sample_codes
@@ -49,7 +49,7 @@ def test_greedy_codes_with_a_voice_sample_equal(upstream):
     emb = chat.embed(input_ids, text_mask)
     result = next(chat.gpt.generate(
         emb, input_ids, temperature=torch.ones(num_vq), eos_token=625, attention_mask=attention_mask,
-        max_new_token=frames, min_new_token=0, logits_processors=(upstream_greedy,), infer_text=False,
+        max_new_token=frames, min_new_token=0, logits_processors=upstream_greedy_processors(), infer_text=False,
         return_hidden=False, stream=False, show_tqdm=False, ensure_non_empty=False))
     codes = decode_sample_codes(sample, num_vq, 625, 2000)
     prompt = model.tokenizer.build(text, with_speaker=False, sample_text=transcript)

@@ -54,8 +54,9 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float 
     raise RuntimeError(f"server not ready after {timeout}s:\n{log_path.read_text()}")
 
 
-def launch_server(config: dict, workdir: Path) -> RunningServer:
-    """``chattts-runtime serve`` with ``config`` (its port set) as a subprocess, once ready; stop it by pid."""
+def launch_server(config: dict, workdir: Path, env_extra: dict[str, str] | None = None) -> RunningServer:
+    """``chattts-runtime serve`` with ``config`` (its port set) as a subprocess, once ready; stop it by pid.
+    ``env_extra``: more environment for it (``PYTHONPATH`` for packages installed apart)."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -67,6 +68,7 @@ def launch_server(config: dict, workdir: Path) -> RunningServer:
     log_path = workdir / f"server-{port}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
+    env.update(env_extra or {})
     proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
                             stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

@@ -88,6 +88,14 @@ def test_speech_needs_a_key_and_probes_stay_open(secured):
     assert KEY_A not in secured.log()
 
 
+def test_api_docs_need_the_key_when_keys_are_on(secured):
+    with secured.client() as c:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            r = c.get(path)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+            assert c.get(path, headers={"Authorization": f"Bearer {KEY_A}"}).status_code == 200, path
+
+
 def test_rotated_secret_takes_effect_without_restart(secured):
     write_secret_volume(secured.volume, {"key": KEY_B}, 2)
     deadline = time.monotonic() + 10

@@ -142,3 +142,36 @@ def test_sampling_filters():
                                           for _ in range(3)], eos)
     best20 = logits[:, :, :eos].topk(20, dim=-1).indices
     assert bool((best20 == wide[..., None]).any(-1).all())
+
+
+def test_greedy_applies_the_repetition_penalty():
+    """temperature 0 = the argmax of upstream's penalized scores (``alpha = penalty ** count`` over the
+    last ``repetition_window`` frames), as at any temperature; a penalty of 1 leaves the raw argmax."""
+    import torch
+
+    from chattts_runtime.engines.reference import _Sequence
+    from chattts_runtime.model.sampling import greedy_tokens, repetition_counts, sample_tokens
+
+    eos = 625
+    logits = torch.full((1, 4, 626), -3.0)
+    logits[0, :, 7], logits[0, :, 9] = 2.0, 1.95  # 7 best, 9 close behind
+    logits[0, 1, 7], logits[0, 1, 9] = -1.0, -1.02  # negative scores are multiplied, not divided
+
+    def seq(frames, **p):
+        s = _Sequence(SynthesisRequest("x", (1,), None, SamplingParams(temperature=0, **p)))
+        s.frames = [np.full(4, f) for f in frames]
+        return s
+
+    assert sample_tokens(logits, [seq([], repetition_penalty=1.05)], eos).tolist() == [[7] * 4]
+    # 7 generated once: 2.0 / 1.05 < 1.95 and -1.0 * 1.05 < -1.02, so 9 wins on every codebook
+    assert sample_tokens(logits, [seq([7], repetition_penalty=1.05)], eos).tolist() == [[9] * 4]
+    assert sample_tokens(logits, [seq([7], repetition_penalty=1.0)], eos).tolist() == [[7] * 4]
+    # outside the window the repetition no longer counts
+    assert sample_tokens(logits, [seq([7, 1, 1], repetition_penalty=1.05, repetition_window=2)],
+                         eos).tolist() == [[7] * 4]
+    # the pure helper the graph engine captures, batched: one row penalized, one not, one end-blocked
+    recent = torch.tensor([[[7] * 4], [[626] * 4], [[626] * 4]])
+    batch = torch.cat([logits, logits, logits.clone().index_fill_(2, torch.tensor([eos]), 5.0)])
+    out = greedy_tokens(batch, torch.tensor([1.05, 1.05, 1.05]), repetition_counts(recent, 626),
+                        torch.tensor([False, False, True]), eos)
+    assert out.tolist() == [[9] * 4, [7] * 4, [7] * 4]

@@ -109,10 +109,13 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model):
     assert [x[0] for x in c] != [x[0] for x in a]
 
 
-def test_a_tiny_temperature_without_penalty_is_greedy(tiny_model):
-    # (top_k=1 is not greedy: upstream's warpers keep at least 3 candidates)
-    greedy = SamplingParams(temperature=0, max_new_frames=15)
-    top1 = SamplingParams(temperature=1e-4, repetition_penalty=1.0, seed=5, max_new_frames=15)
+@pytest.mark.parametrize("penalty", [1.0, 1.05, 1.5])
+def test_a_tiny_temperature_is_greedy_with_the_same_penalty(tiny_model, penalty):
+    # Greedy is the argmax of what upstream's steps leave, the repetition penalty applied (sample_slots'
+    # greedy_tokens); a tiny temperature draws that argmax too. (top_k=1 is not greedy: upstream's
+    # warpers keep at least 3 candidates.)
+    greedy = SamplingParams(temperature=0, repetition_penalty=penalty, max_new_frames=15)
+    top1 = SamplingParams(temperature=1e-4, repetition_penalty=penalty, seed=5, max_new_frames=15)
     a, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:4], greedy, concurrent=True))
     b, _ = asyncio.run(run_all(GraphEngine, tiny_model, TEXTS[:4], top1, concurrent=True))
     assert [x[0] for x in a] == [x[0] for x in b]

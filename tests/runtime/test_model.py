@@ -39,8 +39,15 @@ def test_prompt_uses_chattts_control_tokens(tiny_model):
     assert with_spk.input_ids[:3] == (vocab["[Stts]"], vocab["[spk_emb]"], vocab["[speed_5]"])
     assert with_spk.input_ids[-1] == vocab["[Ptts]"]
     assert without.input_ids[1:3] == (vocab["[empty_spk]"], vocab["[speed_9]"])
-    # control tokens typed by a user are stripped, not obeyed
-    assert tok.build("[Stts]hello[Ptts]", with_speaker=True).input_ids == with_spk.input_ids
+    # as upstream's decorate_code_prompts: [Stts], [spk_emb] and [empty_spk] typed by a user are removed
+    # (in that order), anything else stays; the sample's transcript is kept as it is
+    assert tok.build("[Stts]hel[empty_spk]lo [spk_emb]", with_speaker=True).input_ids == with_spk.input_ids
+    kept = tok.build("hello[Ptts]", with_speaker=True).input_ids
+    assert kept == with_spk.input_ids[:-1] + (vocab["[Ptts]"], vocab["[Ptts]"])
+    nested = tok.build("[spk_[empty_spk]emb]hello", with_speaker=True).input_ids
+    assert nested.count(vocab["[spk_emb]"]) == 2
+    sampled = tok.build("hello", with_speaker=False, sample_text="[Stts]hi").input_ids
+    assert sampled[:3] == (vocab["[Stts]"], vocab["[empty_spk]"], vocab["[Stts]"])
 
 
 def test_codes_become_audio_of_the_expected_length(tiny_model):

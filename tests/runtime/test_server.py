@@ -64,7 +64,20 @@ def server(request, tmp_path_factory, endless_checkpoint):
 
 def test_health_ready_models(server):
     with server.client() as c:
-        assert c.get("/health").json() == {"status": "ok"}
+        health = c.get("/health").json()
+        assert health["status"] == "ok"
+        # what start-up found of upstream's data, and each one missing named (also in the log, as a warning)
+        data = health["upstream_data"]
+        assert data["speaker_stats"].endswith("spk_stat.safetensors")  # the tiny checkpoint's
+        assert ("homophones" in data["missing"]) == (data["homophones"] is None)
+        for lang, name in (("zh", "wetext"), ("en", "nemo")):
+            assert (f"normalizer_{lang}" in data["missing"]) == (data["normalizers"].get(lang) != name)
+        log = server.log_path.read_text()
+        assert all(f"upstream data missing: {name} (" in log for name in data["missing"])
+        metrics = c.get("/metrics").text
+        for item in ("homophones", "speaker_stats", "normalizer_zh", "normalizer_en"):
+            value = 1.0 if item in data["missing"] else 0.0
+            assert f'chattts_upstream_data_missing{{item="{item}"}} {value}' in metrics
         ready = c.get("/ready")
         assert ready.status_code == 200 and ready.json()["engine"] == "reference"
         models = c.get("/v1/models").json()

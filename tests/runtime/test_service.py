@@ -54,6 +54,21 @@ def test_streamed_audio_matches_whole_decoding_in_length_and_level(endless_check
 
 def test_prompt_longer_than_max_model_len_is_a_400(tiny_model):
     service = make_service(tiny_model)
+    # words with spaces are cut there and spoken; a run with nothing to cut at is the one refusal
+    assert len(service.prepare(SpeechRequest(model="chattts", input="long words " * 30, voice="alloy")).more) > 0
     with pytest.raises(APIError) as err:
-        service.prepare(SpeechRequest(model="chattts", input="long words " * 30, voice="alloy"))
-    assert err.value.status == 400 and err.value.param == "input" and "max_model_len" in err.value.message
+        service.prepare(SpeechRequest(model="chattts", input="你好世界" * 30, voice="alloy"))
+    assert err.value.status == 400 and err.value.param == "input" and err.value.code == "input_too_long"
+    assert "14 text tokens at most (engine.max_model_len 256" in err.value.message
+
+
+def test_a_request_that_may_run_a_language_normalizer_is_prepared_off_the_event_loop(tiny_model):
+    # WeTextProcessing / nemo take 0.1-0.9 s for one piece: the server prepares such a request in a thread
+    # (server.py: off_loop_if(... or service.may_spell_out(req))), however short its input.
+    service = make_service(tiny_model)
+    short = SpeechRequest(model="chattts", input="It costs $5.", voice="alloy")
+    assert not service.frontend.normalizer.language_normalizers
+    assert not service.may_spell_out(short)  # nothing registered: cheap, done on the loop
+    service.frontend.normalizer.language_normalizers["en"] = str.lower
+    assert service.may_spell_out(short)
+    assert not service.may_spell_out(short.model_copy(update={"normalize": False}))

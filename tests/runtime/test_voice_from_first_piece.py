@@ -74,3 +74,82 @@ def test_every_piece_gets_the_first_pieces_text_and_codes_and_keeps_its_speaker(
     # the first piece's own text body is inside every prompt
     body = tiny_model.tokenizer.encode(synthesis.texts[0])
     assert all(any(list(r.prompt_ids[i:i + len(body)]) == body for i in range(len(r.prompt_ids))) for r in requests)
+
+
+def _pieces_of(service, synthesis):
+    """The codes of each piece as ``submit`` streams them (a piece ends at ``piece_end`` or the end)."""
+    async def collect():
+        pieces, current = [], []
+        async for chunk in service.submit(synthesis):
+            assert not chunk.error, chunk.error
+            if len(chunk.codes):
+                current.append(np.asarray(chunk.codes))
+            if chunk.piece_end or chunk.finished:
+                pieces.append(np.concatenate(current) if current else np.zeros((0, 4), np.int64))
+                current = []
+        return pieces
+    return collect()
+
+
+def test_stream_mode_speaks_the_voice_pass_first_and_the_rest_as_upstream_does(tiny_model):
+    """``voice_from_first_piece: stream``: the first piece is upstream's voice pass itself (greedy: the
+    same frames upstream's pass draws), and every later piece is the one upstream speaks with that sample;
+    only the first piece differs from upstream's output (spoken once, without the sample)."""
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.engines.reference import ReferenceEngine
+    from chattts_runtime.metrics import RuntimeMetrics
+    from chattts_runtime.service import SpeechRequest, SpeechService
+
+    def service_for(mode):
+        config = RuntimeConfig.model_validate({
+            "engine_kind": "reference", "engine": {"max_model_len": 512},
+            "text": {"frames_per_text_token": 1.0, "voice_from_first_piece": mode},
+            "generation": {"temperature": 0, "max_new_frames": 40, "refine_text": False}})
+        metrics = RuntimeMetrics()
+        return SpeechService(config, tiny_model, ReferenceEngine(tiny_model, max_model_len=512, observer=metrics),
+                             metrics)
+
+    text = SENTENCE * 2 + "and one more"
+
+    async def run(mode, override=None):
+        service = service_for(mode)
+        await service.engine.start()
+        try:
+            req = SpeechRequest(model="chattts", input=text, voice="echo", response_format="pcm", stream=True,
+                                voice_from_first_piece=override)
+            synthesis = service.prepare(req)
+            await service.voice_from_first_piece(synthesis, req)  # upstream: the pass; stream: nothing yet
+            voice_pass_sample = synthesis.request.prompt_codes
+            return synthesis.voice_mode, voice_pass_sample, await _pieces_of(service, synthesis)
+        finally:
+            await service.close()
+
+    up_mode, up_sample, upstream = asyncio.run(run(True))
+    st_mode, st_before, streamed = asyncio.run(run("stream"))
+    assert (up_mode, st_mode) == ("upstream", "stream")
+    assert st_before is None  # nothing generated before the first audio in stream mode
+    assert len(upstream) == len(streamed) == 3
+    # The first piece streamed is the voice pass: its first frames are the sample upstream encoded from.
+    assert len(streamed[0]) >= len(up_sample) > 0
+    # Later pieces: exactly upstream's (same sample in the prompt, greedy).
+    for ours, theirs in zip(streamed[1:], upstream[1:]):
+        np.testing.assert_array_equal(ours, theirs)
+    # The request's own field overrides the config, both ways.
+    assert asyncio.run(run(True, override="stream"))[0] == "stream"
+    assert asyncio.run(run("stream", override=True))[0] == "upstream"
+
+
+def test_a_request_voice_mode_outside_the_three_is_refused():
+    import pydantic
+    import pytest
+
+    from chattts_runtime.service import SpeechRequest
+
+    for bad in ("yes", "upstream", 2):
+        with pytest.raises(pydantic.ValidationError):
+            SpeechRequest(model="chattts", input="hi", voice="echo", voice_from_first_piece=bad)
+    from chattts_runtime.config import RuntimeConfig
+
+    for bad in ("yes", "on", 1):  # YAML's loose booleans too: the config says true, false or stream
+        with pytest.raises(pydantic.ValidationError):
+            RuntimeConfig.model_validate({"text": {"voice_from_first_piece": bad}})

@@ -86,7 +86,7 @@ def test_disabling_reverts_to_the_spec():
 
 def _spec(tuning: dict, engine: dict | None = None) -> ChatTTSDeploymentSpec:
     return ChatTTSDeploymentSpec.model_validate({
-        "model": {"hostPath": {"path": "/m"}}, "gpu": {"memory": "8Gi"}, "engine": engine or {},
+        "model": {"hostPath": {"path": "/m"}}, "gpu": {"memory": "8Gi"}, "engine": {"kind": "vllm", **(engine or {})},
         "autoscaling": {"enabled": True, "maxReplicas": 3, "batchTokenTuning": tuning}})
 
 

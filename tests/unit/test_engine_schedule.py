@@ -65,3 +65,27 @@ def test_take_splits_a_queue_in_order():
 def test_stage_values_travel_as_strings():
     # SynthesisRequest.stage crosses the engine process's pipe (pickled) and the policy accepts either form.
     assert plan([Waiting(9.9, "next"), Waiting(9.95, "first")], free=1) == Admission(audio=(1,))
+
+
+def test_a_burst_of_long_inputs_on_a_full_engine_keeps_playing_streams_within_their_grace():
+    # 256 slots, all busy; then slots free up one step at a time while a burst of 300 long inputs (each a
+    # voice pass, then a refine job per piece) keeps arriving ahead of the playing streams' next pieces.
+    now = 100.0
+    waiting_next = [Waiting(now - 0.2 + i * 1e-3, Stage.NEXT) for i in range(8)]
+    burst = [Waiting(now - 0.1 + i * 1e-4, Stage.VOICE) for i in range(300)]
+    refine = [now - 0.1 + i * 1e-4 for i in range(300)]
+    assert plan([*waiting_next, *burst], refine, free=0, text_room=64, now=now) == Admission()
+    # While the next pieces are inside their grace, the burst's first-audio work takes every free slot,
+    # refine jobs (arrival order, across both kinds) up to their own cap.
+    early = plan([*waiting_next, *burst], refine, free=100, text_room=64, now=now)
+    assert not set(early.audio) & set(range(8))
+    assert len(early.audio) + len(early.text) == 100 and len(early.text) <= 64
+    # Past the grace (1 s after they arrived), the oldest next pieces go first, whatever is still waiting.
+    late = plan([*waiting_next, *burst], refine, free=4, text_room=64, now=now + 0.85)
+    assert late == Admission(audio=(0, 1, 2, 3))
+
+
+def test_a_full_refine_cap_leaves_the_slots_to_audio():
+    audio = [Waiting(9.9, Stage.FIRST), Waiting(9.95, Stage.FIRST)]
+    assert plan(audio, [9.0, 9.1], free=3, text_room=0) == Admission(audio=(0, 1))
+    assert plan(audio, [9.0, 9.1], free=3, text_room=1) == Admission(audio=(0, 1), text=(0,))

@@ -77,6 +77,24 @@ def test_configmap_is_a_valid_runtime_config():
     assert config.device == "cuda"
 
 
+@pytest.mark.parametrize(("mode", "runtime_value"), [("upstream", True), ("stream", "stream"), ("off", False)])
+def test_speech_voice_from_first_piece_reaches_the_runtime_config(mode, runtime_value):
+    spec = spec_of(speech={"voiceFromFirstPiece": mode})
+    text = builders.build_configmap(OWNER, spec)["data"]["runtime.yaml"]
+    assert RuntimeConfig.model_validate(yaml.safe_load(text)).text.voice_from_first_piece == runtime_value
+
+
+def test_speech_defaults_to_upstreams_output_and_refuses_other_modes():
+    assert spec_of().speech.voice_from_first_piece == "upstream"
+    assert RuntimeConfig.model_validate(yaml.safe_load(
+        builders.build_configmap(OWNER, spec_of())["data"]["runtime.yaml"])).text.voice_from_first_piece is True
+    # The default is the runtime's own default, so adding the field rolled no existing pod.
+    assert builders.build_configmap(OWNER, spec_of()) == builders.build_configmap(
+        OWNER, spec_of(speech={"voiceFromFirstPiece": "upstream"}))
+    with pytest.raises(ValueError, match="voiceFromFirstPiece|voice_from_first_piece"):
+        spec_of(speech={"voiceFromFirstPiece": "true"})
+
+
 def test_config_change_rolls_pods_and_nothing_else_does():
     a = deployment_of(spec_of())
     b = deployment_of(spec_of(engine={"maxNumSeqs": 8}))
@@ -142,7 +160,9 @@ def test_probes_ports_and_grace():
     ],
 )
 def test_gpu_limits_in_pod(profile, count, limits):
-    dep = deployment_of(spec_of(gpu={"memory": "8Gi", "count": count, "profile": profile}))
+    # Tensor parallel (count > 1) is the vllm engine's.
+    engine = {"kind": "vllm"} if count > 1 else {}
+    dep = deployment_of(spec_of(gpu={"memory": "8Gi", "count": count, "profile": profile}, engine=engine))
     resources = pod(dep)["containers"][0]["resources"]
     assert resources["limits"] == {"memory": "8Gi", **limits}
     assert resources["requests"] == {"cpu": "2", "memory": "8Gi"}  # extended resources only in limits

@@ -6,9 +6,10 @@ import copy
 import pytest
 
 from chattts_operator.core.conditions import merge_conditions
+from chattts_operator.core.events import event_manifest
 from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
 from chattts_operator.core.settings import OperatorSettings
-from chattts_operator.deployment.controller import owner_key
+from chattts_operator.deployment.controller import _unprotected_children, owner_key
 from chattts_operator.deployment.spec import desired_state, effective_replicas, is_subset, needs_apply, parse_spec
 from chattts_operator.deployment.status import Observed, compute_status, status_changed, transitions
 
@@ -62,7 +63,6 @@ def test_fitting_spec_applies_everything_in_order():
         ({"memory": "200Gi", "profile": "mig"}, {}, None, "NoMigProfileFits"),
         ({"memory": "160Gi"}, {}, 143771, "NoNodeLargeEnough"),
         ({"memory": "8Gi", "count": 5}, {"kind": "vllm"}, None, "TensorParallelMismatch"),
-        ({"memory": "8Gi", "count": 2}, {}, None, "TensorParallelUnsupported"),
         ({"memory": "8Gi"}, {"maxNumSeqs": 256, "maxModelLen": 1024}, None, "KVCacheDoesNotFit"),
     ],
 )
@@ -288,3 +288,71 @@ def test_newer_resource_version(a, b, newer):
     def o(rv):
         return None if rv is None else {"metadata": {"resourceVersion": rv}}
     assert _newer(o(a), o(b)) is newer
+
+
+# --- never fail open (issue 32) ----------------------------------------------------------------
+
+
+def _cond(status, ctype):
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def test_a_refused_network_policy_is_never_ready():
+    body = obj({"networkPolicy": {"allowFrom": [{"podSelector": {"matchLabels": {"app": "web"}}}]}})
+    d = desired_of(body)
+    refused = "applying NetworkPolicy tts: 403 admission webhook denied the request"
+    # Nothing fenced the pods before: the Deployment is at 0 (applied so), never Ready.
+    dep = live_deployment(d, ready=0, updated=0, replicas=0)
+    dep["spec"]["replicas"] = 0
+    status = compute_status(d, Observed(live_deployment=dep, deployment_applied=False, protection_error=refused),
+                            {}, T0)
+    ready = _cond(status, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ProtectionNotApplied"
+    assert refused in ready["message"] and "scaled to 0" in ready["message"]
+    assert _cond(status, "Protected")["status"] == "False"
+    assert _cond(status, "Degraded")["reason"] == "ProtectionNotApplied"
+    assert status["appliedGeneration"] is None and status["phase"] == "Degraded"
+    # A fence applied before holds the old generation, whose pods are all Ready: still not Ready.
+    held = compute_status(d, Observed(live_deployment=live_deployment(d), protection_error=refused,
+                                      protection_held=True), {"appliedGeneration": 1}, T0)
+    assert _cond(held, "Ready")["status"] == "False"
+    assert "keep the NetworkPolicy applied before" in _cond(held, "Ready")["message"]
+    assert held["appliedGeneration"] == 1
+    # Applied: Protected, and Ready once the pods are.
+    fine = compute_status(d, Observed(live_deployment=live_deployment(d), deployment_applied=True), {}, T0)
+    assert _cond(fine, "Protected")["status"] == "True" and _cond(fine, "Ready")["status"] == "True"
+    # No policy asked for: no Protected condition.
+    plain = desired_of(obj())
+    assert all(c["type"] != "Protected" for c in compute_status(
+        plain, Observed(live_deployment=live_deployment(plain), deployment_applied=True), {}, T0)["conditions"])
+
+
+def test_unprotected_children_hold_or_serve_nothing():
+    d = desired_of(obj({"networkPolicy": {}}))
+    wanted = [c for c in d.children() if c["kind"] != "NetworkPolicy"]
+    assert [c["kind"] for c in _unprotected_children(wanted, held=True)] == ["Service", "PodDisruptionBudget"]
+    zero = _unprotected_children(wanted, held=False)
+    dep = next(c for c in zero if c["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 0 and d.deployment["spec"]["replicas"] == 1  # a copy, the desired one intact
+    assert needs_apply(d.deployment, dep)  # once the fence is up, the replicas come back
+
+
+def test_events_of_cluster_scoped_objects_go_to_default():
+    policy = {"apiVersion": "tts.chattts.io/v1alpha1", "kind": "GPUSharePolicy", "metadata": {"name": "p", "uid": "u"}}
+    event = event_manifest(policy, "Normal", "WindowChanged", "day")
+    assert event["metadata"]["namespace"] == "default" and event["involvedObject"]["namespace"] is None
+    namespaced = event_manifest({"kind": "Job", "metadata": {"name": "j", "namespace": "batch"}}, "Normal", "R", "m")
+    assert namespaced["metadata"]["namespace"] == "batch"
+
+
+def test_a_share_policy_label_naming_no_policy_is_a_condition():
+    d = desired_of(obj())
+    live = live_deployment(d)
+    missing = compute_status(d, Observed(live_deployment=live, deployment_applied=True,
+                                         share_policy=("nightly", False)), {}, T0)
+    cond = _cond(missing, "SharePolicy")
+    assert cond["status"] == "False" and cond["reason"] == "PolicyNotFound" and "nightly" in cond["message"]
+    assert ("Warning", "SharePolicyFalse") in [(t, r) for t, r, _ in transitions([], missing["conditions"])]
+    found = compute_status(d, Observed(live_deployment=live, deployment_applied=True,
+                                       share_policy=("nightly", True)), missing, T1)
+    assert _cond(found, "SharePolicy")["status"] == "True"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import yaml
 from chattts_runtime.config import RuntimeConfig
 
-from chattts_operator.api.chattts import ChatTTSDeploymentSpec
+from chattts_operator.api.chattts import ChatTTSDeploymentSpec, EngineSpec
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment import children as builders
 from chattts_operator.deployment.gpu import assign_gpu
@@ -117,3 +117,21 @@ def test_the_rendered_config_reads_back_as_rendered_whatever_its_strings():
     text = rendered["data"][builders.CONFIG_KEY]
     assert RuntimeConfig.model_validate(yaml.safe_load(text)) == builders.runtime_config(spec)
     assert rendered["metadata"]["name"].endswith(builders.config_hash({builders.CONFIG_KEY: text}))
+
+
+def test_every_engine_field_of_the_crd_reaches_the_runtime_config():
+    """No silent ignores: each field of spec.engine, set away from its default, shows up in the
+    runtime config the pods read (engine.kind as engine_kind, the rest by name)."""
+    changed = {"kind": "vllm", "max_num_batched_tokens": 4096, "max_num_seqs": 7, "gpu_memory_utilization": 0.5,
+               "max_model_len": 512, "kv_cache_dtype": "fp8", "enable_prefix_caching": True, "rope_theta": 5e5,
+               "disable_log_stats": True, "dtype": "bfloat16", "enforce_eager": True, "extra_args": ["--seed=1"]}
+    # speculative_config is refused at apply (kept only so stored objects read): nothing to carry.
+    assert set(changed) | {"speculative_config"} == set(EngineSpec.model_fields), "a new engine field needs a case here"
+    spec = ChatTTSDeploymentSpec.model_validate({"model": {"hostPath": {"path": "/m"}}, "gpu": {"memory": "8Gi"},
+                                                 "engine": {EngineSpec.model_fields[k].alias: v
+                                                            for k, v in changed.items()}})
+    config = builders.runtime_config(spec)
+    assert config.engine_kind.value == "vllm"
+    for name, value in changed.items():
+        if name != "kind":
+            assert getattr(config.engine, name) == value, name

@@ -52,6 +52,13 @@ NODE_CASES = [
     ("GFD labels only", node({}, H200_LABELS), 8 * 143_771),
     ("MIG slices", node({"nvidia.com/mig-1g.18gb": "16", "nvidia.com/mig-3g.71gb": "8"}, {"nvidia.com/gpu.memory": "143771"}),
      16 * mig_profile_memory_mib("1g.18gb") + 8 * mig_profile_memory_mib("3g.71gb")),
+    # The simulated demo node (hack/cluster nodes.yaml): every GPU partitioned, GFD's gpu.count still 8;
+    # the slices hold the GPUs' memory, counted once.
+    ("MIG slices with GFD's gpu.count", node({"nvidia.com/mig-1g.18gb": "16", "nvidia.com/mig-3g.71gb": "8"},
+                                             H200_LABELS),
+     16 * mig_profile_memory_mib("1g.18gb") + 8 * mig_profile_memory_mib("3g.71gb")),
+    ("MIG mixed: 2 whole GPUs and slices", node({"nvidia.com/gpu": "2", "nvidia.com/mig-3g.71gb": "12"}, H200_LABELS),
+     2 * 143_771 + 12 * mig_profile_memory_mib("3g.71gb")),
     ("volcano", node({"volcano.sh/vgpu-memory": "40000"}), 40_000),
     ("no GPUs", node({"cpu": "8"}), 0),
 ]

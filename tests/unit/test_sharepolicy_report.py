@@ -1,13 +1,28 @@
 """API objects -> planner members, and plan -> ordered writes, status and Events."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
-from chattts_operator.api.sharepolicy import GPUSharePolicySpec, GPUSharePolicyStatus
-from chattts_operator.sharepolicy.observe import largest_gpu_mib, offline_member, online_member, pool_nodes
+from chattts_operator.api.sharepolicy import (
+    POOL_AFFINITY_ANNOTATION,
+    GPUSharePolicySpec,
+    GPUSharePolicyStatus,
+    LabelSelector,
+)
+from chattts_operator.core.settings import OperatorSettings
+from chattts_operator.deployment.spec import desired_state, parse_spec, pool_affinity
+from chattts_operator.sharepolicy.observe import (
+    largest_gpu_mib,
+    offline_member,
+    online_member,
+    pool_nodes,
+    split_by_pool,
+)
 from chattts_operator.sharepolicy.planner import plan
 from chattts_operator.sharepolicy.priorityclasses import priority_class_manifests
 from chattts_operator.sharepolicy.report import policy_events, policy_status, writes_for
+from chattts_operator.sharepolicy.resources import node_requirements
 
 UTC = timezone.utc
 NOON = datetime(2026, 6, 1, 12, tzinfo=UTC)
@@ -173,3 +188,61 @@ def test_shared_nodes_between_policies():
     }
     assert shared_nodes([a], others) == {"everything": ["a"], "same-pool": ["a"]}
     assert shared_nodes([a, b], {"elsewhere": others["elsewhere"]}) == {}
+
+
+# --- issue 32: pods outside the pool, the policy that acts over shared nodes -----------------
+
+
+def test_pods_outside_the_pool_are_not_counted_and_are_reported():
+    def pod(name, node=None, phase="Running"):
+        return {"metadata": {"name": name, "namespace": "serving"}, "spec": {"nodeName": node} if node else {},
+                "status": {"phase": phase}}
+
+    everything = [pod("a", "pool-0"), pod("b", "elsewhere"), pod("c"), pod("d", "elsewhere", "Succeeded")]
+    inside, outside = split_by_pool(everything, {"pool-0"})
+    assert [p["metadata"]["name"] for p in inside] == ["a", "c"]  # c is not bound yet: it may land in the pool
+    assert [p["metadata"]["name"] for p in outside] == ["b"]  # d finished: holds nothing anywhere
+    deployment = {"spec": {"replicas": 3}, "status": {"replicas": 3}}
+    counted = online_member(ctd("tts", replicas=3), inside, 0, deployment, outside=len(outside))
+    assert counted.observed_pods == 2  # not the Deployment's 3: one of them is outside
+    assert online_member(ctd("tts", replicas=3), everything, 0, deployment).observed_pods == 3
+    p = plan(POLICY, [counted], [], pool_nodes([node("pool-0", 100_000)]), NOON)
+    status = policy_status(p, [counted], [], {}, NOON, 1, [], outside=["serving/b on elsewhere (ChatTTSDeployment tts)"])
+    cond = next(c for c in status["conditions"] if c["type"] == "PodsOutsidePool")
+    assert cond["status"] == "True" and "serving/b on elsewhere" in cond["message"] and "not counted" in cond["message"]
+    clear = policy_status(p, [counted], [], {}, NOON, 1, [])
+    assert next(c for c in clear["conditions"] if c["type"] == "PodsOutsidePool")["reason"] == "AllInPool"
+
+
+def test_the_policy_that_acts_over_shared_nodes_is_valid():
+    online = [online_member(ctd("tts", replicas=2), pods("Running", "Running"), 0)]
+    p = plan(POLICY, online, [], pool_nodes([node("n", 100_000)]), NOON)
+    note = "nodes n are also in GPUSharePolicy b, which yields to this one"
+    valid = next(c for c in policy_status(p, online, [], {}, NOON, 1, [], notes=[note])["conditions"]
+                 if c["type"] == "Valid")
+    assert valid["status"] == "True" and valid["message"] == note
+    invalid = next(c for c in policy_status(p, online, [], {}, NOON, 1, [], problems=["bad"], notes=[note])
+                   ["conditions"] if c["type"] == "Valid")
+    assert invalid["status"] == "False" and invalid["message"] == "bad"
+
+
+def test_the_pool_selector_becomes_node_affinity_on_the_members_pods():
+    selector = LabelSelector.model_validate({"matchLabels": {"pool": "a"}, "matchExpressions": [
+        {"key": "zone", "operator": "NotIn", "values": ["z2", "z1"]}, {"key": "spare", "operator": "DoesNotExist"}]})
+    requirements = node_requirements(selector)
+    assert requirements == [{"key": "pool", "operator": "In", "values": ["a"]},
+                            {"key": "zone", "operator": "NotIn", "values": ["z1", "z2"]},
+                            {"key": "spare", "operator": "DoesNotExist"}]
+    body = {"metadata": {"name": "tts", "namespace": "ns", "uid": "u", "generation": 1,
+                         "annotations": {POOL_AFFINITY_ANNOTATION: json.dumps(requirements)}},
+            "spec": {"model": {"hostPath": {"path": "/m"}}, "gpu": {"memory": "8Gi"}, "engine": {"maxModelLen": 256}}}
+    assert pool_affinity(body) == requirements
+    terms = desired_state(body, parse_spec(body), OperatorSettings(), largest_node_gpu_mib=None).deployment[
+        "spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    # ANDed into the GPU-size term the profile asks for, not a term of its own (terms are ORed).
+    assert len(terms) == 1 and terms[0]["matchExpressions"][1:] == requirements
+    assert terms[0]["matchExpressions"][0]["operator"] == "Gt"
+    for junk in ("not json", json.dumps({"key": "x"}), json.dumps([{"key": "x", "operator": "Gt", "values": ["1"]}])):
+        body["metadata"]["annotations"][POOL_AFFINITY_ANNOTATION] = junk
+        assert pool_affinity(body) == []

@@ -84,3 +84,20 @@ def test_language_normalizers_are_optional_extras_named_in_the_error():
     if importlib.util.find_spec("tn") is None:
         with pytest.raises(NormalizerUnavailable, match="WeTextProcessing"):
             load_language_normalizers(["wetext"])
+
+
+def test_installed_normalizers_are_the_default_and_each_installed_one_is_used():
+    """text.language_normalizers: installed (default) = each of wetext / nemo whose package is importable;
+    an explicit list still fails the start for a missing one."""
+    import importlib.util
+
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.text.language import installed_normalizers
+
+    assert RuntimeConfig().text.language_normalizers == "installed"
+    present = [name for name, module in (("wetext", "tn"), ("nemo", "nemo_text_processing"))
+               if importlib.util.find_spec(module) is not None]
+    assert installed_normalizers() == present
+    with pytest.raises(ValueError):
+        RuntimeConfig.model_validate({"text": {"language_normalizers": "all"}})
+    assert RuntimeConfig.model_validate({"text": {"language_normalizers": []}}).text.language_normalizers == []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from chattts_runtime.text.split import FrameBudget, Planner, SentenceTooLong, sentences, upstream_pieces
+from chattts_runtime.text.split import FrameBudget, Planner, SentenceTooLong, clauses, sentences, upstream_pieces, words
 
 
 def test_upstream_cut_at_line_breaks_else_full_stops():
@@ -47,9 +47,21 @@ def test_order_and_every_word_are_kept():
     assert all(len(p.split()) <= 3 for p in pieces)
 
 
-def test_a_sentence_alone_too_long_is_refused():
-    with pytest.raises(SentenceTooLong, match="a b c d e"):
-        _word_planner(4).plan("x! a b c d e f")
+def test_a_sentence_that_cannot_fit_is_cut_at_clauses_then_words():
+    """A long comma-separated sentence (no sentence end) is spoken, cut at its commas, then its white space."""
+    assert _word_planner(4).plan("x! a b c d e f") == ["x!", "a b c d", "e f"]
+    assert _word_planner(3).plan("a b, c d, e f g h i。") == ["a b,", "c d,", "e f g", "h i。"]
+    zh = "我们去公园，你好世界，我们是中文语音合成，今天天气很好"
+    chars = Planner(lambda raw: raw.strip() or None, lambda piece: len(piece) <= 12)
+    pieces = chars.plan(zh)
+    assert "".join(pieces) == zh and len(pieces) > 1 and all(len(p) <= 12 for p in pieces)
+    assert clauses("a，b、c,d：e") == ["a，", "b、", "c,", "d：", "e"] and words("a b  c") == ["a ", "b  ", "c"]
+
+
+def test_a_run_without_punctuation_or_space_too_long_is_refused():
+    chars = Planner(lambda raw: raw.strip() or None, lambda piece: len(piece) <= 12)
+    with pytest.raises(SentenceTooLong, match="13 characters without punctuation"):
+        chars.plan("好，" + "你" * 13)
 
 
 def test_pieces_with_nothing_left_are_dropped():
@@ -61,5 +73,5 @@ def test_a_sentence_beyond_the_cap_but_within_the_context_goes_alone():
     planner = Planner(lambda raw: raw.strip() or None, lambda piece: len(piece.split()) <= 2,
                       lambda piece: len(piece.split()) <= 5)
     assert planner.plan("a b c d! e f") == ["a b c d!", "e f"]
-    with pytest.raises(SentenceTooLong):
-        planner.plan("a b c d e f g!")
+    # beyond the context too: cut at its white space (it has no clause mark) and packed
+    assert planner.plan("a b c d e f g!") == ["a b", "c d", "e f", "g!"]

@@ -12,6 +12,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .rules import (
+    LABEL_KEY_RULE,
+    LABEL_VALUES_SCHEMA,
+    MAX_LABEL_KEY,
+    cel,
+    check_label_key,
+    check_label_values,
+    check_match_labels,
+    match_labels_schema,
+)
+
 # A Secret's name (DNS-1123 subdomain) and its data keys (what core/v1 allows).
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The runtime skips files whose name starts with '.' (the kubelet's ..data links), so such
@@ -66,9 +77,11 @@ _NEEDS_A_SELECTOR = "a networkPolicy peer needs namespaceSelector, podSelector o
 class SelectorRequirement(_SpecModel):
     """A label selector requirement (as in metav1.LabelSelectorRequirement)."""
 
-    key: str = Field(min_length=1, max_length=317, description="The label key.")
+    key: str = Field(min_length=1, max_length=MAX_LABEL_KEY, json_schema_extra=cel(LABEL_KEY_RULE),
+                     description="The label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the key relates to values.")
-    values: list[str] | None = Field(None, max_length=64, description="With In and NotIn: the values (non-empty).")
+    values: list[str] | None = Field(None, max_length=64, json_schema_extra=LABEL_VALUES_SCHEMA,
+                                     description="With In and NotIn: the values (non-empty).")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
@@ -79,6 +92,8 @@ class SelectorRequirement(_SpecModel):
 
     @model_validator(mode="after")
     def _values(self) -> "SelectorRequirement":
+        check_label_key(self.key)
+        check_label_values(self.values)
         if self.operator in ("In", "NotIn") and not self.values:
             raise ValueError(_NEEDS_VALUES)
         if self.operator in ("Exists", "DoesNotExist") and self.values:
@@ -89,9 +104,15 @@ class SelectorRequirement(_SpecModel):
 class LabelSelector(_SpecModel):
     """A label selector (as in metav1.LabelSelector); empty selects everything."""
 
-    match_labels: dict[str, str] | None = Field(None, description="Labels that must all match.")
+    match_labels: dict[str, str] | None = Field(None, json_schema_extra=match_labels_schema(),
+                                                 description="Labels that must all match.")
     match_expressions: list[SelectorRequirement] | None = Field(
         None, max_length=32, description="Requirements that must all hold.")
+
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return check_match_labels(value)
 
 
 class PeerSpec(_SpecModel):

@@ -19,11 +19,14 @@ from __future__ import annotations
 import math
 import re
 import string
+from urllib.parse import urlsplit
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from .rules import Rule, cel, enforce
 
 # Go's time.ParseDuration subset we accept: one or more <number><unit>, units ms/s/m/h.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -202,6 +205,20 @@ class PodsMetricSource(_SpecModel):
         return parse_duration(self.timeout)
 
 
+def _http_url_with_host(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in text)
+    except ValueError:
+        return False
+
+
+PROMETHEUS_URL_RULE = Rule(
+    "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
+    "metrics.prometheus.url must be an http(s) URL with a host, e.g. http://prometheus.monitoring:9090",
+    _http_url_with_host)
+
+
 class PrometheusMetricSource(_SpecModel):
     """Ask a Prometheus server (HTTP API, instant query) for the wait quantile."""
 
@@ -221,7 +238,7 @@ class PrometheusMetricSource(_SpecModel):
     )
 
     url: str = Field(
-        pattern=r"^https?://",
+        pattern=r"^https?://", max_length=2048, json_schema_extra=cel(PROMETHEUS_URL_RULE),
         description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.",
     )
     query: str = Field(
@@ -259,6 +276,12 @@ class PrometheusMetricSource(_SpecModel):
     @classmethod
     def _timeout_positive(cls, value: str) -> str:
         return _validate_duration(value, "timeout", minimum=0.001)
+
+    @field_validator("url")
+    @classmethod
+    def _url_has_host(cls, value: str) -> str:
+        enforce(value, PROMETHEUS_URL_RULE)
+        return value
 
     @property
     def timeout_seconds(self) -> float:
@@ -347,21 +370,36 @@ class BatchTokenTuning(_SpecModel):
         return self
 
 
+FORECAST_LEAD_WITHIN_PERIOD = Rule(
+    f"!self.lead.matches(r'{DURATION_PATTERN}') || !self.period.matches(r'{DURATION_PATTERN}')"
+    " || duration(self.lead) <= duration(self.period)",
+    "forecast.lead must not exceed forecast.period (the floor looks ahead within one period)",
+    lambda f: parse_duration(f.lead) <= parse_duration(f.period))
+
+
 class ForecastSpec(_SpecModel):
     """Forecast-aware minimums: the operator records, per minute, how many replicas the
     load needed; ``period`` later (the same time the next day) it raises the floor to the
     most the next ``lead`` needed, so replicas are Ready before a rise that repeats.
     ``lead`` must cover a cold start (scheduling, weights, engine warm-up)."""
 
+    model_config = ConfigDict(json_schema_extra=cel(FORECAST_LEAD_WITHIN_PERIOD))
+
     enabled: bool = Field(True, description="Raise the floor ahead of load that repeats every period.")
-    lead: str = Field("5m", pattern=DURATION_PATTERN,
+    lead: str = Field("5m", pattern=DURATION_PATTERN, json_schema_extra=min_duration_rule("lead", 60.0),
                       description="How far ahead of a predicted rise the floor rises (at least one cold start).")
-    period: str = Field("24h", pattern=DURATION_PATTERN, description="How often the load repeats (a day).")
+    period: str = Field("24h", pattern=DURATION_PATTERN, json_schema_extra=min_duration_rule("period", 60.0),
+                        description="How often the load repeats (a day), at least 1m.")
 
     @field_validator("lead", "period")
     @classmethod
     def _durations(cls, value: str, info) -> str:
         return _validate_duration(value, info.field_name, minimum=60.0)
+
+    @model_validator(mode="after")
+    def _lead_within_period(self) -> "ForecastSpec":
+        enforce(self, FORECAST_LEAD_WITHIN_PERIOD)
+        return self
 
     @property
     def lead_seconds(self) -> float:

@@ -16,12 +16,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from chattts_runtime.config import MANAGED_ENGINE_FLAGS, WeightFormat
+from chattts_runtime.config import MANAGED_ENGINE_FLAGS, MAX_SERVED_NAME, SERVED_NAME_PATTERN, WeightFormat
 
 from .access import AuthSpec, NetworkPolicySpec
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
 from .common import Condition
 from .quantization import QuantizationSpec, QuantizationStatus
+from .rules import Rule, cel, enforce
 
 GROUP = "tts.chattts.io"
 VERSION = "v1alpha1"
@@ -39,7 +40,6 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035: the name is also the
 
 QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
 EXTRA_ARG_PATTERN = r"^--[a-z0-9][a-z0-9-]*(=.*)?$"
-SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 MANAGED_FLAGS_SORTED = sorted(MANAGED_ENGINE_FLAGS)
 
 _BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -167,8 +167,8 @@ class ModelSpec(_SpecModel):
         description="How the GPT weights are stored: awq (4-bit AWQ), compressed-tensors (4-bit, llm-compressor) or fp16.",
     )
     served_name: str = Field(
-        "chattts", min_length=1, max_length=128, pattern=SERVED_NAME_PATTERN,
-        description="Model name the speech API answers to.",
+        "chattts", min_length=1, max_length=MAX_SERVED_NAME, pattern=SERVED_NAME_PATTERN,
+        description="Model name the speech API answers to: one name, no '/' (no path segments).",
     )
     shape: ModelShape = Field(
         default_factory=ModelShape, json_schema_extra={"default": {}},
@@ -318,6 +318,16 @@ class GpuProfile(str, Enum):
     DRA = "dra"  # a ResourceClaimTemplate: one device per rank, GPU memory as consumable capacity
 
 
+# Below anything runnable: the smallest plan that fits is ~1.25 GiB (the vllm engine, AWQ weights,
+# one short sequence); between this and what a spec needs, the GPUCapacity condition explains.
+MIN_GPU_MEMORY = "1Gi"
+_MIN_GPU_MEMORY_RULE = Rule(
+    f"!isQuantity(self) || !quantity(self).isGreaterThan(quantity('0')) "
+    f"|| quantity(self).compareTo(quantity('{MIN_GPU_MEMORY}')) >= 0",
+    f"gpu.memory must be at least {MIN_GPU_MEMORY}: no engine runs ChatTTS in less",
+    lambda text: parse_quantity(text) >= parse_quantity(MIN_GPU_MEMORY))
+
+
 class GpuSpec(_SpecModel):
     """GPU memory per replica and how many GPUs (tensor parallel)."""
 
@@ -330,6 +340,7 @@ class GpuSpec(_SpecModel):
                     "rule": "!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))",
                     "message": "gpu.memory must be greater than zero",
                 },
+                _MIN_GPU_MEMORY_RULE.schema(),
             ]
         },
         description="GPU memory per GPU of a replica, a quantity such as 8Gi.",
@@ -348,6 +359,7 @@ class GpuSpec(_SpecModel):
     def _memory(cls, value: str) -> str:
         if parse_quantity(value) <= 0:
             raise ValueError("gpu.memory must be greater than zero")
+        enforce(value, _MIN_GPU_MEMORY_RULE)
         return value
 
     @property
@@ -411,8 +423,39 @@ class ServerSpec(_SpecModel):
     )
 
 
+class SpeechSpec(_SpecModel):
+    """How the pods speak: upstream ChatTTS's Chat.infer() defaults unless a field here says otherwise."""
+
+    voice_from_first_piece: Literal["upstream", "stream", "off"] = Field(
+        "upstream",
+        description="A long input's voice (its pieces are spoken in the first piece's voice). upstream: as "
+        "upstream ChatTTS does, the first piece is generated whole as a voice sample, then every piece, the first "
+        "again, is spoken with it; the first audio of a long input waits for that whole piece. stream: the voice "
+        "pass is itself streamed as the first piece's audio and the rest is spoken in its voice: first audio as "
+        "soon as for a one-sentence input, but NOT upstream's output (the first piece is spoken once, without the "
+        "sample). off: each piece on its own (the voice may drift between pieces). A request's "
+        "voice_from_first_piece field overrides it.",
+    )
+
+
+# Cross-field rules of the whole spec (defaults are applied before CEL runs: engine.kind is set).
+TENSOR_PARALLEL_NEEDS_VLLM = Rule(
+    "self.gpu.count == 1 || self.engine.kind == 'vllm'",
+    "gpu.count above 1 (tensor parallel) needs engine.kind vllm: the graph and reference engines run on one GPU",
+    lambda spec: spec.gpu.count == 1 or spec.engine.kind == "vllm")
+BATCH_TOKEN_TUNING_NEEDS_VLLM = Rule(
+    "!has(self.autoscaling) || !has(self.autoscaling.batchTokenTuning) || !self.autoscaling.batchTokenTuning.enabled"
+    " || self.engine.kind == 'vllm'",
+    "autoscaling.batchTokenTuning needs engine.kind vllm: the other engines have no maxNumBatchedTokens to tune",
+    lambda spec: spec.autoscaling is None or not spec.autoscaling.batch_token_tuning.enabled
+    or spec.engine.kind == "vllm")
+SPEC_RULES = (TENSOR_PARALLEL_NEEDS_VLLM, BATCH_TOKEN_TUNING_NEEDS_VLLM)
+
+
 class ChatTTSDeploymentSpec(_SpecModel):
     """ChatTTS served by the TTS runtime on GPU pods."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*SPEC_RULES))
 
     replicas: int = Field(1, ge=0, le=10_000, description="Serving pods wanted (the scale subresource).")
     image: str | None = Field(None, max_length=512, description="Runtime image; unset: the operator's default.")
@@ -428,6 +471,10 @@ class ChatTTSDeploymentSpec(_SpecModel):
     resources: ContainerResources = Field(
         default_factory=ContainerResources, json_schema_extra={"default": {}},
         description="CPU and memory of the runtime container.",
+    )
+    speech: SpeechSpec = Field(
+        default_factory=SpeechSpec, json_schema_extra={"default": {}},
+        description="The speech pipeline's choices (upstream ChatTTS's output by default).",
     )
     auth: AuthSpec | None = Field(
         None, description="API keys from a Secret: /v1/* needs 'Authorization: Bearer <key>'. Unset: the speech API "
@@ -446,6 +493,11 @@ class ChatTTSDeploymentSpec(_SpecModel):
         description="AWQ-quantize the fp16 weights in an offline Job; once it succeeds the pods serve the "
         "quantized weights, read-only (see the Quantized condition).",
     )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "ChatTTSDeploymentSpec":
+        enforce(self, *SPEC_RULES)
+        return self
 
 
 # --- status ---------------------------------------------------------------------------

@@ -37,6 +37,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from .common import Condition
+from .rules import (
+    LABEL_KEY_RULE,
+    LABEL_VALUES_SCHEMA,
+    MAX_LABEL_KEY,
+    cel,
+    check_label_key,
+    check_label_values,
+    check_match_labels,
+    match_labels_schema,
+)
 
 GROUP = "tts.chattts.io"
 VERSION = "v1alpha1"
@@ -53,6 +63,9 @@ OFFLINE_PRIORITY_ANNOTATION = "tts.chattts.io/offline-priority"
 # Annotations the operator writes on an online member (a ChatTTSDeployment):
 REPLICA_CAP_ANNOTATION = "tts.chattts.io/replica-cap"  # the most replicas the policy allows now
 REPLICA_CAP_REASON_ANNOTATION = "tts.chattts.io/replica-cap-reason"
+# The pool's node selector as node-affinity requirements (JSON list of NodeSelectorRequirements):
+# the serving pods are confined to the pool whose share they are counted against.
+POOL_AFFINITY_ANNOTATION = "tts.chattts.io/pool-node-affinity"
 
 # PriorityClasses the operator maintains: online pods may preempt offline ones.
 ONLINE_PRIORITY_CLASS = "chattts-online"
@@ -225,15 +238,18 @@ class LabelSelectorRequirement(_SpecModel):
         }
     )
 
-    key: str = Field(min_length=1, max_length=317, description="The label key.")
+    key: str = Field(min_length=1, max_length=MAX_LABEL_KEY, json_schema_extra=cel(LABEL_KEY_RULE),
+                     description="The label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(
         default_factory=list, max_length=64, description="Values for In and NotIn.",
-        json_schema_extra={"items": {"type": "string", "maxLength": 63}},
+        json_schema_extra=LABEL_VALUES_SCHEMA,
     )
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> "LabelSelectorRequirement":
+        check_label_key(self.key)
+        check_label_values(self.values)
         if self.operator in ("In", "NotIn") and not self.values:
             raise ValueError(f"selector requirement on {self.key!r}: {self.operator} needs values")
         if self.operator in ("Exists", "DoesNotExist") and self.values:
@@ -244,8 +260,13 @@ class LabelSelectorRequirement(_SpecModel):
 class LabelSelector(_SpecModel):
     """A Kubernetes label selector (matchLabels and matchExpressions, ANDed)."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict)
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+    match_labels: dict[str, str] = Field(default_factory=dict, json_schema_extra=match_labels_schema())
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=32)
+
+    @field_validator("match_labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_match_labels(value) or {}
 
 
 class GPUSharePolicySpec(_SpecModel):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import aiohttp
-import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -138,7 +137,6 @@ def resource_of(path: str) -> str:
     return f"{resource}/{parts[2]}" if len(parts) > 2 else resource
 
 
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 async def make_api_client() -> client.ApiClient:
@@ -175,32 +173,12 @@ def _in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
 
 
-def default_namespace() -> str:
-    """Where Events about cluster-scoped objects go, as kopf chooses: the pod's own
-    namespace in a cluster, else the kubeconfig context's, else ``default``."""
-    try:
-        if _in_cluster():
-            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
-                return handle.read().strip() or "default"
-        path = os.path.expanduser(os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "~/.kube/config")
-        with open(path, encoding="utf-8") as handle:
-            kubeconfig = yaml.safe_load(handle) or {}
-        current = kubeconfig.get("current-context")
-        for entry in kubeconfig.get("contexts") or []:
-            if entry.get("name") == current:
-                return (entry.get("context") or {}).get("namespace") or "default"
-    except (OSError, yaml.YAMLError):
-        pass
-    return "default"
-
-
 class Kube:
     """Thin async wrapper; every method is one HTTP request."""
 
     def __init__(self, api: client.ApiClient, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.api = api
         self.writes = 0  # requests that may change the cluster (for metrics and tests)
-        self.default_namespace = default_namespace()
         self.slots = RequestSlots(max_in_flight)
 
     async def _call(self, method: str, path: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
@@ -304,8 +282,7 @@ class Kube:
                          component: str = FIELD_MANAGER) -> None:
         """An Event on ``involved`` (core/events.py); a failure is logged, never raised: an
         Event is a courtesy and must not fail the reconcile that posts it."""
-        event = event_manifest(involved, event_type, reason, message, component=component,
-                               namespace=self.default_namespace)
+        event = event_manifest(involved, event_type, reason, message, component=component)
         try:
             await self.create_event(event["metadata"]["namespace"], event)
         except Exception as err:  # noqa: BLE001 - see the docstring

@@ -20,6 +20,7 @@ from chattts_runtime.config import (
     ModelSettings,
     RuntimeConfig,
     ServerSettings,
+    TextSettings,
 )
 
 from chattts_operator.api.access import PeerSpec
@@ -132,27 +133,20 @@ def _metadata(owner: Owner, name: str) -> dict[str, Any]:
 # --- ConfigMap -------------------------------------------------------------------------
 
 
+# spec.speech.voiceFromFirstPiece -> the runtime's text.voice_from_first_piece.
+VOICE_FROM_FIRST_PIECE = {"upstream": True, "stream": "stream", "off": False}
+
+
 def runtime_config(spec: ChatTTSDeploymentSpec) -> RuntimeConfig:
     """The runtime's config (chattts_runtime.config), rendered from the spec."""
     engine = spec.engine
     return RuntimeConfig(
+        text=TextSettings(voice_from_first_piece=VOICE_FROM_FIRST_PIECE[spec.speech.voice_from_first_piece]),
         model=ModelSettings(path=MODEL_MOUNT_PATH, format=spec.model.format, served_name=spec.model.served_name),
         engine_kind=EngineKind(engine.kind),
-        engine=EngineSettings(
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            max_num_seqs=engine.max_num_seqs,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            max_model_len=engine.max_model_len,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            tensor_parallel_size=spec.gpu.count,
-            speculative_config=engine.speculative_config,
-            rope_theta=engine.rope_theta,
-            disable_log_stats=engine.disable_log_stats,
-            dtype=engine.dtype,
-            enforce_eager=engine.enforce_eager,
-            extra_args=list(engine.extra_args),
-        ),
+        # Every engine field of the CRD is the runtime's field of the same name (EngineSettings
+        # forbids unknown ones: a CRD field the runtime lacks fails here, not silently).
+        engine=EngineSettings(**engine.model_dump(exclude={"kind"}), tensor_parallel_size=spec.gpu.count),
         server=ServerSettings(
             host="0.0.0.0",
             port=HTTP_PORT,
@@ -251,7 +245,10 @@ def build_deployment(
     *,
     config_hash_value: str,
     replicas: int,
+    pool_requirements: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """``pool_requirements``: a GPUSharePolicy's pool as node-affinity requirements, ANDed into
+    every term (the pods run only where their share is counted)."""
     model_volume, model_mount = _model_volume(spec)
     volumes: list[dict[str, Any]] = [
         {
@@ -320,6 +317,11 @@ def build_deployment(
         pod_spec["resourceClaims"] = [{"name": DRA_POD_CLAIM,
                                        "resourceClaimTemplateName": resource_claim_template_name(owner.name, gpu.dra)}]
     affinity = node_affinity(gpu, settings)
+    if pool_requirements:
+        terms = (affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                 if affinity else [{"matchExpressions": []}])
+        affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {**term, "matchExpressions": [*term.get("matchExpressions", []), *pool_requirements]} for term in terms]}}}
     if affinity:
         pod_spec["affinity"] = affinity
     if gpu.node_selector:

@@ -37,12 +37,17 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec, ModelSpec
-from chattts_operator.api.sharepolicy import ONLINE_PRIORITY_CLASS, REPLICA_CAP_ANNOTATION, SHARE_POLICY_LABEL
+from chattts_operator.api.sharepolicy import (
+    ONLINE_PRIORITY_CLASS,
+    POOL_AFFINITY_ANNOTATION,
+    REPLICA_CAP_ANNOTATION,
+    SHARE_POLICY_LABEL,
+)
 from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
 from chattts_operator.core.kube import Kube, NodeGpuCache, is_newer
-from chattts_operator.core.labels import LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
+from chattts_operator.core.labels import FIELD_MANAGER, LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import (
@@ -134,6 +139,9 @@ class DeploymentController:
         self._rechecks: dict[Key, asyncio.Task] = {}  # one delayed reconcile per object at most
         self._child_events: dict[Key, asyncio.Task] = {}  # reconciles after a child or pod event, coalesced
         self._pending: set[asyncio.Task] = set()  # reconciles started by ChatTTSDeployment events
+        # GPUSharePolicy name -> whether it exists: read once per name, then kept current by the
+        # policies' watch events (share_policy_changed), so a resync reads nothing.
+        self._share_policies: dict[str, bool] = {}
         self.cache = self._new_cache(tuple(settings.watch_namespaces))
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -250,6 +258,21 @@ class DeploymentController:
             slot.change_seen_at = slot.change_seen_at or time.monotonic()
         self._reconcile_soon(key, trigger)
 
+    def share_policy_changed(self, name: str, *, exists: bool) -> None:
+        """A GPUSharePolicy came, changed or went: the objects labelled into it reconcile (their
+        SharePolicy condition), when its existence is news."""
+        if self._share_policies.get(name) == exists:
+            return
+        self._share_policies[name] = exists
+        for key, body in list(self.bodies.items()):
+            if ((body.get("metadata") or {}).get("labels") or {}).get(SHARE_POLICY_LABEL) == name:
+                self._reconcile_soon(key, "share-policy")
+
+    async def _share_policy_exists(self, name: str) -> bool:
+        if name not in self._share_policies:
+            self._share_policies[name] = await self.kube.get_metadata("GPUSharePolicy", None, name) is not None
+        return self._share_policies[name]
+
     # --- entry points -----------------------------------------------------------------------
 
     async def reconcile_key(self, key: Key, trigger: str) -> str | None:
@@ -347,6 +370,9 @@ class DeploymentController:
         if desired.spec.auth is not None:
             observed.api_keys_secret = await self._api_keys_secret(desired.owner.namespace,
                                                                    desired.spec.auth.secret_name)
+        policy = (meta.get("labels") or {}).get(SHARE_POLICY_LABEL)
+        if policy:
+            observed.share_policy = (policy, await self._share_policy_exists(policy))
         if not desired.rollout_allowed:
             # Nothing applied over the Deployment: report the one that serves, if any.
             observed.live_deployment = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
@@ -382,6 +408,11 @@ class DeploymentController:
         their volume). A refusal (e.g. a field this cluster does not support) goes to status;
         a transient error is raised once the others' answers are stored. True when any was applied."""
         wanted = desired.children()
+        protected = await self._apply_protection(key, desired, observed)
+        if desired.network_policy is not None:
+            wanted = [c for c in wanted if c is not desired.network_policy]
+        if observed.protection_error is not None:
+            wanted = _unprotected_children(wanted, held=observed.protection_held)
         lives = [await self.cache.get(c["kind"], c["metadata"]["namespace"], c["metadata"]["name"]) for c in wanted]
         stale = [i for i, (child, live) in enumerate(zip(wanted, lives)) if needs_apply(child, live)]
         answers = await asyncio.gather(*(self.kube.apply(wanted[i]) for i in stale), return_exceptions=True)
@@ -401,15 +432,54 @@ class DeploymentController:
                 lives[i] = answer
         if transient is not None:
             raise transient
+        if observed.protection_held:
+            # The pods that serve keep the policy applied before: report their Deployment.
+            observed.live_deployment = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
+        elif observed.protection_error is not None and not any(c["kind"] == "Deployment" for c in wanted):
+            # A spec that cannot start (blocked) applies no Deployment: the one serving an earlier,
+            # unfenced generation goes to 0 all the same.
+            live = await self.cache.get("Deployment", desired.owner.namespace, desired.owner.name)
+            if live is not None and int((live.get("spec") or {}).get("replicas") or 0) > 0:
+                await self.kube.scale("Deployment", desired.owner.namespace, desired.owner.name, 0,
+                                      field_manager=FIELD_MANAGER)
+                metrics.CHILD_WRITES.labels("Deployment").inc()
         for child, live in zip(wanted, lives):
             if child["kind"] == "Deployment" and "Deployment" not in refused:
                 observed.live_deployment = live
-                # Its generation is applied only with its config and claim template.
-                observed.deployment_applied = not refused & {"ConfigMap", "ResourceClaimTemplate"}
+                # Its generation is applied only with its config and claim template, and protected.
+                observed.deployment_applied = (not refused & {"ConfigMap", "ResourceClaimTemplate"}
+                                               and observed.protection_error is None)
                 slot = self._slots.get(key)
                 if slot is not None and slot.change_seen_at is not None:
                     _observe_spec_change(slot, time.monotonic())
-        return bool(stale) and len(refused) < len(stale)
+        return protected or (bool(stale) and len(refused) < len(stale))
+
+    async def _apply_protection(self, key: Key, desired: Desired, observed: Observed) -> bool:
+        """Apply the NetworkPolicy before anything that serves (never fail open). A refusal is
+        recorded in ``observed``: the caller then holds the rollout where a policy of ours
+        still fences the pods (the last protected state), else serves nothing. A transient
+        error is raised before any serving child is applied. True when it was applied."""
+        policy = desired.network_policy
+        if policy is None:
+            return False
+        namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
+        live = await self.cache.get("NetworkPolicy", namespace, name)
+        if not needs_apply(policy, live):
+            return False
+        try:
+            answer = await self.kube.apply(policy)
+        except ApiException as err:
+            if err.status in (409, 429) or err.status >= 500:
+                raise
+            observed.protection_error = f"applying NetworkPolicy {name}: {err.status} {_api_message(err)}"
+            observed.protection_held = live is not None and any(
+                ref.get("uid") == desired.owner.uid for ref in live["metadata"].get("ownerReferences") or [])
+            log.warning("%s/%s: %s (%s)", *key, observed.protection_error,
+                        "rollout held" if observed.protection_held else "serving nothing")
+            return False
+        self.cache.remember(answer)
+        metrics.CHILD_WRITES.labels("NetworkPolicy").inc()
+        return True
 
     async def _prune_runtime_configmaps(self, desired: Desired, observed: Observed) -> bool:
         """Delete the runtime ConfigMaps no ReplicaSet of the Deployment mounts any more (spec.py
@@ -453,7 +523,8 @@ class DeploymentController:
         tuning = ((body.get("status") or {}).get("autoscaling") or {}).get("batchTokenTuning") or {}
         # Everything desired_state reads besides the spec (the generation stands for it).
         inputs = (meta.get("uid"), meta.get("generation"), SHARE_POLICY_LABEL in (meta.get("labels") or {}),
-                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION), tuning.get("maxNumBatchedTokens"),
+                  (meta.get("annotations") or {}).get(REPLICA_CAP_ANNOTATION),
+                  (meta.get("annotations") or {}).get(POOL_AFFINITY_ANNOTATION), tuning.get("maxNumBatchedTokens"),
                   json.dumps(override, sort_keys=True), largest_node_gpu_mib)
         slot = self._slots.setdefault(key, _Slot())
         if slot.desired is not None and slot.desired_inputs == inputs:
@@ -673,6 +744,20 @@ class DeploymentController:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
         involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
         await self.kube.post_event(involved, event_type, reason, message)
+
+
+def _unprotected_children(wanted: list[dict[str, Any]], *, held: bool) -> list[dict[str, Any]]:
+    """The children to apply while the NetworkPolicy is refused: held (a policy of ours still
+    fences the pods), no new config or pod template; else the Deployment at 0 replicas, so no
+    pod serves without the fence (the next apply that is protected restores the replicas)."""
+    if held:
+        return [c for c in wanted if c["kind"] not in ("ConfigMap", "ResourceClaimTemplate", "Deployment")]
+    out = []
+    for child in wanted:
+        if child["kind"] == "Deployment":
+            child = {**child, "spec": {**child["spec"], "replicas": 0}}
+        out.append(child)
+    return out
 
 
 def _observe_spec_change(slot: _Slot, applied_at: float) -> None:

@@ -253,21 +253,25 @@ class GpuCodec:
             return 0
 
     def node_memory_mib(self, node: Mapping[str, Any]) -> int:
-        """The node's total GPU memory in MiB: the GPU-memory resource if the node advertises
-        it, else per-GPU memory (GFD label) x whole GPUs plus its MIG slices."""
+        """The node's total GPU memory in MiB, each device counted once: the GPU-memory resource
+        if the node advertises it, else its MIG slices plus per-GPU memory (GFD label) x the whole
+        GPUs it can schedule. With MIG slices, whole GPUs are only what the device plugin
+        advertises as such (mixed strategy: the GPUs not partitioned): GFD's gpu.count counts the
+        partitioned GPUs too, whose memory the slices already hold."""
         status = node.get("status") or {}
         allocatable = status.get("allocatable") or status.get("capacity") or {}
         for resource in (self.gpu_memory_resource, VOLCANO_MEMORY_RESOURCE):
             if resource in allocatable:
                 return _count(allocatable[resource])
         labels = node.get("metadata", {}).get("labels") or {}
+        mig = self.mig_memory_mib(allocatable)
         if self.gpu_resource in allocatable:
             gpus = _count(allocatable[self.gpu_resource])
-        elif GFD_COUNT_LABEL in labels:
+        elif GFD_COUNT_LABEL in labels and not mig:
             gpus = _count(labels[GFD_COUNT_LABEL])
         else:
             gpus = 0
-        return self.per_gpu_memory_mib(node) * gpus + self.mig_memory_mib(allocatable)
+        return self.per_gpu_memory_mib(node) * gpus + mig
 
     def container_memory_mib(self, resources: Mapping[str, Any] | None, per_gpu_mib: int) -> int:
         """MiB of GPU memory one container asks (limits; requests must equal them for

@@ -7,6 +7,7 @@ keeps serving, and status says why (GPUCapacity=False, Degraded=True).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from chattts_operator.api.chattts import KIND, ChatTTSDeploymentSpec, parse_quantity, validate_name
-from chattts_operator.api.sharepolicy import REPLICA_CAP_ANNOTATION
+from chattts_operator.api.sharepolicy import POOL_AFFINITY_ANNOTATION, REPLICA_CAP_ANNOTATION
 from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import (
@@ -82,6 +83,24 @@ def effective_replicas(body: dict[str, Any], spec: ChatTTSDeploymentSpec) -> tup
     if cap < 0 or cap >= spec.replicas:
         return spec.replicas, None
     return cap, f"capped to {cap} by the GPU share policy (spec.replicas {spec.replicas})"
+
+
+_NODE_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist"}
+
+
+def pool_affinity(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The node-affinity requirements a GPUSharePolicy asks for (its pool's selector, written
+    onto its members; api/sharepolicy.py POOL_AFFINITY_ANNOTATION); [] when none or unreadable."""
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(POOL_AFFINITY_ANNOTATION)
+    try:
+        items = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("key"), str) and i.get("operator") in _NODE_OPERATORS
+            and all(isinstance(v, str) for v in i.get("values") or []) for i in items):
+        return []
+    return [{k: v for k, v in i.items() if k in ("key", "operator", "values")} for i in items]
 
 
 @dataclass(frozen=True)
@@ -180,7 +199,8 @@ def desired_state(
         else:
             capacity = Capacity(True, "Fits", plan.message, tuple(plan.warnings))
     deployment = (
-        build_deployment(owner, spec, gpu, settings, config_hash_value=chash, replicas=replicas)
+        build_deployment(owner, spec, gpu, settings, config_hash_value=chash, replicas=replicas,
+                         pool_requirements=pool_affinity(body))
         if capacity.fits and gpu is not None
         else None
     )

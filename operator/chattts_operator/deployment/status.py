@@ -5,17 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chattts_operator.api.sharepolicy import SHARE_POLICY_LABEL
 from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.core.labels import selector_string
 from chattts_operator.deployment.pods import PodProblem, pod_problems, summary
 from chattts_operator.deployment.spec import Desired
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated", "Protected", "SharePolicy")
 # Observed.api_keys_secret: what the reconciler found of spec.auth's Secret.
 SECRET_FOUND, SECRET_MISSING, SECRET_UNCHECKED = "found", "missing", "unchecked"
 # Conditions whose True is bad news: their transitions to True are Warning events.
 _ABNORMAL_TRUE = {"Degraded"}
-_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated", "Protected", "SharePolicy"}
+# Ready, Progressing and Degraded say this when spec.networkPolicy could not be applied.
+PROTECTION_NOT_APPLIED = "ProtectionNotApplied"
 
 
 @dataclass
@@ -25,6 +28,12 @@ class Observed:
     live_deployment: dict[str, Any] | None
     deployment_applied: bool = False  # the desired Deployment is now what the cluster has
     apply_error: str | None = None
+    # The NetworkPolicy was refused (the API server's words); held: a policy of ours applied
+    # before still fences the pods, which keep serving the last protected generation; else the
+    # Deployment is at 0 replicas.
+    protection_error: str | None = None
+    protection_held: bool = False
+    share_policy: tuple[str, bool] | None = None  # (the label's GPUSharePolicy, whether it exists); None: no label
     api_keys_secret: str | None = None  # SECRET_*; None: spec.auth is unset
     dra: dict[str, Any] | None = None  # dra profile: status.gpu.dra (gpu.dra_allocation_status)
     unschedulable: str | None = None  # dra profile: the scheduler's word on a serving pod that waits
@@ -146,6 +155,21 @@ def _api_keys_condition(desired: Desired, observed: Observed, gen: int) -> dict[
                      "(operator setting api_key_secret_check, chart value rbac.apiKeySecretCheck)", generation=gen)
 
 
+def _share_policy_condition(name: str, exists: bool, gen: int) -> dict[str, Any]:
+    """SharePolicy: whether the GPUSharePolicy the label names exists (no silent typo)."""
+    if exists:
+        return condition("SharePolicy", True, "PolicyFound", f"a member of GPUSharePolicy {name}", generation=gen)
+    return condition("SharePolicy", False, "PolicyNotFound",
+                     f"label {SHARE_POLICY_LABEL} names GPUSharePolicy {name}, which does not exist: no policy caps "
+                     "or confines this object (create the policy or fix the label)", generation=gen)
+
+
+def _protection_message(observed: Observed) -> str:
+    fence = ("the serving pods keep the NetworkPolicy applied before, at the generation rolled out then"
+             if observed.protection_held else "no pod serves without it (the Deployment is scaled to 0)")
+    return f"{observed.protection_error}; {fence}"
+
+
 def compute_status(
     desired: Desired,
     observed: Observed,
@@ -170,7 +194,9 @@ def compute_status(
         applied_hash = previous.get("configHash", "")
 
     wanted = int((dep or {}).get("spec", {}).get("replicas", desired.replicas)) if dep else desired.replicas
-    stuck = _stuck_pods(observed, dep, wanted) if dep is not None and not blocked and not observed.apply_error else []
+    unprotected = observed.protection_error
+    stuck = (_stuck_pods(observed, dep, wanted)
+             if dep is not None and not blocked and not observed.apply_error and not unprotected else [])
     why = summary(stuck)
 
     capacity_message = cap.message + "".join(f"; warning: {w}" for w in cap.warnings)
@@ -181,6 +207,9 @@ def compute_status(
         kept = f"generation {applied_generation} keeps serving" if dep is not None else "nothing was rolled out"
         progressing = condition("Progressing", False, "RolloutBlocked",
                                 f"generation {gen} cannot start ({cap.reason}); {kept}", generation=gen)
+    elif unprotected:
+        progressing = condition("Progressing", False, PROTECTION_NOT_APPLIED,
+                                f"generation {gen} is not rolled out: {unprotected}", generation=gen)
     elif observed.apply_error:
         progressing = condition("Progressing", False, "ApplyFailed", observed.apply_error, generation=gen)
     elif dep is None:
@@ -198,12 +227,23 @@ def compute_status(
     allocated = _gpu_allocated_condition(desired, observed, gen)
     if allocated is not None:
         conditions.append(allocated)
+    if observed.share_policy is not None:
+        conditions.append(_share_policy_condition(*observed.share_policy, gen))
+    if unprotected:
+        conditions.append(condition("Protected", False, PROTECTION_NOT_APPLIED, _protection_message(observed),
+                                    generation=gen))
+    elif desired.network_policy is not None:
+        conditions.append(condition("Protected", True, "NetworkPolicyApplied",
+                                    f"NetworkPolicy {desired.network_policy['metadata']['name']} fences the "
+                                    "serving pods", generation=gen))
 
     # Degraded
     failure = _deployment_failure(dep) if dep is not None else None
     if blocked:
         degraded = condition("Degraded", True, cap.reason,
                               f"spec generation {gen} is not rolled out: {cap.message}", generation=gen)
+    elif unprotected:
+        degraded = condition("Degraded", True, PROTECTION_NOT_APPLIED, unprotected, generation=gen)
     elif observed.apply_error:
         degraded = condition("Degraded", True, "ApplyFailed", observed.apply_error, generation=gen)
     elif stuck:
@@ -218,7 +258,10 @@ def compute_status(
 
     # Ready: as many ready pods as wanted (counting from the live Deployment).
     ready_n = numbers["readyReplicas"]
-    if dep is None:
+    if unprotected:
+        # Never Ready without the fence asked for, whatever pods the held generation has.
+        ready = condition("Ready", False, PROTECTION_NOT_APPLIED, _protection_message(observed), generation=gen)
+    elif dep is None:
         ready = condition("Ready", False, "Creating" if not blocked else cap.reason, "no Deployment yet", generation=gen)
     elif wanted == 0:
         ready = condition("Ready", False, "ScaledToZero", "0 replicas wanted", generation=gen)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from chattts_operator.api.sharepolicy import (
     KIND,
+    POOL_AFFINITY_ANNOTATION,
     REPLICA_CAP_ANNOTATION,
     REPLICA_CAP_REASON_ANNOTATION,
     SHARE_POLICY_LABEL,
@@ -50,16 +51,18 @@ from chattts_operator.sharepolicy.observe import (
     online_member,
     pool_nodes,
     shared_nodes,
+    split_by_pool,
 )
 from chattts_operator.sharepolicy.planner import OFFLINE_KIND, ONLINE_KIND, plan
 from chattts_operator.sharepolicy.priorityclasses import priority_class_manifests
 from chattts_operator.sharepolicy.report import member_event, policy_events, policy_status, writes_for
-from chattts_operator.sharepolicy.resources import node_is_usable, selector_string
+from chattts_operator.sharepolicy.resources import node_is_usable, node_requirements, selector_string
 from chattts_operator.sharepolicy.windows import overlapping_windows
 
 log = logging.getLogger("chattts_operator.sharepolicy")
 
-_RELEASE_CAP = {"metadata": {"annotations": {REPLICA_CAP_ANNOTATION: None, REPLICA_CAP_REASON_ANNOTATION: None}}}
+_RELEASE_CAP = {"metadata": {"annotations": {REPLICA_CAP_ANNOTATION: None, REPLICA_CAP_REASON_ANNOTATION: None,
+                                              POOL_AFFINITY_ANNOTATION: None}}}
 
 
 class SharePolicyController:
@@ -71,6 +74,7 @@ class SharePolicyController:
         self.clock = clock
         self._wakeups: dict[str, asyncio.Event] = {}  # policy -> its loop's wake-up
         self._node_fingerprints: dict[str, tuple[bool, int, str]] = {}
+        self._generations: dict[str, Any] = {}  # policy -> the generation its last event had
 
     # --- wake-ups from watches -------------------------------------------------------------
 
@@ -81,6 +85,17 @@ class SharePolicyController:
                 event.set()
         elif policy in self._wakeups:
             self._wakeups[policy].set()
+
+    def policy_changed(self, event_type: str | None, name: str, body: Mapping[str, Any]) -> None:
+        """A policy's spec changed (or it came or went): its loop re-plans now, not at the next
+        resync, and so does every other (which nodes overlap may have changed). Our own status
+        writes leave the generation alone and wake nothing."""
+        generation = None if event_type == "DELETED" else (body.get("metadata") or {}).get("generation")
+        if self._generations.get(name) != generation:
+            self._generations[name] = generation
+            if generation is None:
+                self._generations.pop(name, None)
+            self.wake()
 
     def node_changed(self, event_type: str | None, name: str, node: Mapping[str, Any]) -> None:
         """Heartbeats change a node often; only a change that moves the pool wakes the policies."""
@@ -166,6 +181,12 @@ class SharePolicyController:
         listed = await self.kube.list("Node", None, selector_string(spec.node_selector) or None)
         nodes = [n for n in listed if self.gpu.node_memory_mib(n) > 0]
         per_gpu = largest_gpu_mib(nodes, self.gpu)
+        if not nodes:
+            # Budgets of 0 would scale every member down: an empty pool changes nothing, and says so.
+            await self._write_invalid(policy, previous, "the node selector matches no node with GPU memory: this "
+                                      "policy makes no changes until it does", now, generation, reason="EmptyPool")
+            return self.pacing.resync_seconds
+        pool = {n["metadata"]["name"] for n in nodes}
 
         # Two policies over the same GPUs could together over-commit them: the one named first
         # keeps acting, the others make no change until the pools are disjoint.
@@ -185,8 +206,9 @@ class SharePolicyController:
             await self._write_invalid(policy, previous, f"{message}: it was named first, so this policy makes no "
                                       "changes until the pools are disjoint", now, generation, reason="OverlappingPool")
             return self.pacing.resync_seconds
-        problems += [f"nodes {', '.join(n[:5])} are also in GPUSharePolicy {o}, which yields to this one"
-                     for o, n in shared.items()]
+        # Not a problem of this policy: it is the one that acts (the other reports OverlappingPool).
+        notes = [f"nodes {', '.join(n[:5])} are also in GPUSharePolicy {o}, which yields to this one"
+                 for o, n in shared.items()]
         selector = f"{SHARE_POLICY_LABEL}={name}"
         # With watched namespaces RBAC grants those only: list in each.
         namespaces = self.settings.watch_namespaces
@@ -196,19 +218,29 @@ class SharePolicyController:
         online, offline = [], []
         bodies: dict[tuple[str, str, str], dict[str, Any]] = {}
         claims_in: dict[str, Claims] = {}
+        outside: list[str] = []
+        affinity = json.dumps(node_requirements(spec.node_selector), sort_keys=True)
         for ctd in ctds:
             meta = ctd["metadata"]
             pods = await self.kube.list("Pod", meta["namespace"], serving_pod_selector(meta["name"]))
+            pods, away = split_by_pool(pods, pool)
+            outside += _outside(away, ctd)
             deployment = await self.kube.get("Deployment", meta["namespace"], deployment_name(meta["name"]))
             claims = await self._claims(claims_in, meta["namespace"], pods)
+            if (meta.get("annotations") or {}).get(POOL_AFFINITY_ANNOTATION) != affinity:
+                # Confines the member's pods to the pool's nodes (the deployment adds node affinity).
+                await self.kube.patch(ONLINE_KIND, meta["namespace"], meta["name"],
+                                      {"metadata": {"annotations": {POOL_AFFINITY_ANNOTATION: affinity}}})
             try:
-                online.append(online_member(ctd, pods, per_gpu, deployment, self.gpu, claims))
+                online.append(online_member(ctd, pods, per_gpu, deployment, self.gpu, claims, outside=len(away)))
                 bodies[(ONLINE_KIND, meta["namespace"], meta["name"])] = ctd
             except MemberError as err:
                 problems.append(str(err))
         for job in jobs:
             meta = job["metadata"]
             pods = await self.kube.list("Pod", meta["namespace"], f"batch.kubernetes.io/controller-uid={meta['uid']}")
+            pods, away = split_by_pool(pods, pool)
+            outside += _outside(away, job)
             claims = await self._claims(claims_in, meta["namespace"], [*pods, job.get("spec", {}).get("template") or {}])
             offline.append(offline_member(job, pods, per_gpu, self.gpu, claims))
             bodies[(OFFLINE_KIND, meta["namespace"], meta["name"])] = job
@@ -237,7 +269,8 @@ class SharePolicyController:
                     await self.kube.post_event(body, *member_event(write))
 
         status = policy_status(the_plan, online, offline, previous, now, generation, done,
-                               overlaps=overlapping_windows(spec, now), problems=problems)
+                               overlaps=overlapping_windows(spec, now), problems=problems, notes=notes,
+                               outside=outside)
         for event_type, reason, message in policy_events(the_plan, previous, done):
             await self.kube.post_event(policy, event_type, reason, message)
         changed = _status_differs(status, previous)
@@ -273,12 +306,18 @@ class SharePolicyController:
 
     async def _write_invalid(self, policy: dict[str, Any], previous: dict[str, Any], message: str, now: Any,
                              generation: int | None, reason: str = "InvalidSpec") -> None:
-        conditions = [c for c in previous.get("conditions") or [] if c.get("type") != "Valid"]
+        """Valid=False and Balanced=False with ``reason``: this policy makes no change."""
+        conditions = [c for c in previous.get("conditions") or [] if c.get("type") not in ("Valid", "Balanced")]
         old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), None)
-        if old and old.get("status") == "False" and old.get("message") == message:
+        if (old and old.get("status") == "False" and old.get("message") == message
+                and previous.get("observedGeneration") == generation):
             return
-        conditions.append(condition("Valid", False, reason, message, generation=generation, now=rfc3339(now)))
-        await self.kube.post_event(policy, "Warning", reason, message)
+        stamp = rfc3339(now)
+        conditions.append(condition("Valid", False, reason, message, generation=generation, now=stamp))
+        conditions.append(condition("Balanced", False, reason, "this policy makes no changes", generation=generation,
+                                    now=stamp))
+        if not (old and old.get("status") == "False" and old.get("message") == message):
+            await self.kube.post_event(policy, "Warning", reason, message)
         await self.kube.patch_status(KIND, None, policy["metadata"]["name"],
                                      {"observedGeneration": generation, "conditions": conditions})
 
@@ -311,6 +350,12 @@ class SharePolicyController:
         finally:
             if self._wakeups.get(name) is wake:
                 del self._wakeups[name]
+
+
+def _outside(pods: list[Mapping[str, Any]], member: Mapping[str, Any]) -> list[str]:
+    """'namespace/pod on node (kind name)' for a member's pods outside the pool."""
+    return [f"{p['metadata'].get('namespace')}/{p['metadata']['name']} on {p['spec']['nodeName']} "
+            f"({member.get('kind', '')} {member['metadata']['name']})" for p in pods]
 
 
 def _status_differs(new: dict[str, Any], old: dict[str, Any]) -> bool:

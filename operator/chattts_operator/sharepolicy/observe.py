@@ -36,6 +36,22 @@ def largest_gpu_mib(nodes: Iterable[Mapping[str, Any]], gpu: GpuCodec = DEFAULT_
     return max((gpu.per_gpu_memory_mib(n) for n in nodes), default=0)
 
 
+def split_by_pool(pods: Iterable[Mapping[str, Any]], pool: set[str]) -> tuple[list[Mapping[str, Any]],
+                                                                                list[Mapping[str, Any]]]:
+    """(pods bound to a pool node or not bound yet, live pods bound to a node outside the pool).
+    A pod not bound yet counts against the pool: it may land there. One outside holds none of
+    the pool's memory, so it is not counted, but reported (``pods_outside_pool``)."""
+    inside, outside = [], []
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and node not in pool:
+            if (pod.get("status") or {}).get("phase") not in _FINISHED_PHASES:
+                outside.append(pod)
+        else:
+            inside.append(pod)
+    return inside, outside
+
+
 def live_pods(pods: Iterable[Mapping[str, Any]]) -> int:
     """Pods that hold (or may soon hold) GPU memory: everything not finished, terminating included."""
     return sum(1 for p in pods if (p.get("status") or {}).get("phase") not in _FINISHED_PHASES)
@@ -82,6 +98,7 @@ def online_member(
     deployment: Mapping[str, Any] | None = None,
     codec: GpuCodec = DEFAULT_GPU_CODEC,
     claims: Claims = NO_CLAIMS,
+    outside: int = 0,
 ) -> OnlineMember:
     """A ChatTTSDeployment as an online member.
 
@@ -94,7 +111,8 @@ def online_member(
     A pod that holds more (a rollout between profiles, the dra profile's allocated claims,
     each pod counted once by what it asked) raises MiB per replica to what it holds.
     Replicas wanted: ``spec.autoscaling.maxReplicas`` when autoscaling is on (the cap
-    clamps the autoscaler), else ``spec.replicas``."""
+    clamps the autoscaler), else ``spec.replicas``. ``outside``: its live pods on nodes outside
+    the pool (not in ``pods``), which the Deployment's replicas count but the pool does not."""
     meta = ctd["metadata"]
     spec = ctd.get("spec") or {}
     gpu = spec.get("gpu") or {}
@@ -123,7 +141,7 @@ def online_member(
         per_replica_mib=per_replica,
         wanted_replicas=max(wanted, 0),
         current_cap=_int_annotation(ctd, REPLICA_CAP_ANNOTATION),
-        observed_pods=max(live_pods(pods), _deployment_replicas(deployment)),
+        observed_pods=max(live_pods(pods), _deployment_replicas(deployment) - outside),
     )
 
 

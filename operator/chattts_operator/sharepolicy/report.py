@@ -64,8 +64,12 @@ def policy_status(
     done: Sequence[Write],
     overlaps: Sequence[tuple[str, str]] = (),
     problems: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    outside: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """status of the GPUSharePolicy after the writes in ``done`` succeeded."""
+    """status of the GPUSharePolicy after the writes in ``done`` succeeded. ``problems`` make
+    Valid False; ``notes`` are said with Valid True (e.g. a policy over the same nodes that
+    yields to this one); ``outside``: members' pods on nodes outside the pool (not counted)."""
     previous = dict(previous or {})
     stamp = format_time(now) or ""
     members: list[dict[str, Any]] = []
@@ -87,10 +91,14 @@ def policy_status(
                 "namespace": write.namespace, "name": write.name, "reason": write.reason,
             })
     conditions = merge_conditions(previous.get("conditions"), [
-        condition("Valid", not problems, "Problems" if problems else "Valid", "; ".join(problems),
+        condition("Valid", not problems, "Problems" if problems else "Valid", "; ".join(problems or notes),
                   generation=generation),
         condition("Balanced", plan.settled, "Balanced" if plan.settled else "WaitingForRelease",
                   "members hold their shares" if plan.settled else "; ".join(plan.deferred), generation=generation),
+        condition("PodsOutsidePool", bool(outside), "PodsOutsidePool" if outside else "AllInPool",
+                  (f"{len(outside)} member pods run on nodes outside the pool and are not counted against its "
+                   f"shares: {', '.join(outside[:10])}" if outside else "every member pod is in the pool"),
+                  generation=generation),
     ], stamp)
     return {
         "observedGeneration": generation,

@@ -50,3 +50,15 @@ def selector_string(selector: LabelSelector) -> str:
         else:
             parts.append(f"!{req.key}")
     return ",".join(parts)
+
+
+def node_requirements(selector: LabelSelector) -> list[dict[str, Any]]:
+    """The selector as node-affinity requirements (NodeSelectorRequirement: the same operators;
+    matchLabels become In with one value), in a stable order."""
+    out: list[dict[str, Any]] = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(selector.match_labels.items())]
+    for req in selector.match_expressions:
+        item: dict[str, Any] = {"key": req.key, "operator": req.operator}
+        if req.operator in ("In", "NotIn"):
+            item["values"] = sorted(req.values)
+        out.append(item)
+    return out

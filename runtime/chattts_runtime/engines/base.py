@@ -69,6 +69,11 @@ class SynthesisRequest:
     stage: Stage = Stage.FIRST
     # Set by the speech API's observer when the engine first runs the request: seconds it waited.
     scheduled_after: float | None = None
+    # Its wait counts in scheduler_deadline_wait (false: upstream's voice pass, whose wait is added to the
+    # first piece's), plus ``waited_before``: the response's queue waits in the stages before it
+    # (refine-text, the voice pass), so the metric sees every queue a response waits in, once.
+    counts_wait: bool = True
+    waited_before: float = 0.0
 
     @property
     def prompt_length(self) -> int:
@@ -129,13 +134,18 @@ class TextJobs:
 
     def __init__(self):
         self._futures: dict[str, asyncio.Future] = {}
+        self._on_wait: dict[str, Callable[[float], None]] = {}
 
-    async def run(self, job_id: str, enqueue: Callable[[], None], abandon: Callable[[], None]) -> list[int]:
-        """``enqueue()`` the job (it raises what refuses it), then wait for :meth:`settle`."""
+    async def run(self, job_id: str, enqueue: Callable[[], None], abandon: Callable[[], None],
+                  on_wait: Callable[[float], None] | None = None) -> list[int]:
+        """``enqueue()`` the job (it raises what refuses it), then wait for :meth:`settle`; ``on_wait`` is
+        told the seconds the job waited for a slot."""
         if job_id in self._futures:
             raise EngineError(f"duplicate request id {job_id}")
         future = asyncio.get_running_loop().create_future()
         self._futures[job_id] = future
+        if on_wait is not None:
+            self._on_wait[job_id] = on_wait
         try:
             enqueue()
             return await future
@@ -144,9 +154,13 @@ class TextJobs:
             if not future.done() or future.cancelled():
                 abandon()
             self._futures.pop(job_id, None)
+            self._on_wait.pop(job_id, None)
 
-    def settle(self, job_id: str, tokens: list[int] | None, error: str | None) -> None:
-        """On the event loop: the job's tokens, or the error that ended it."""
+    def settle(self, job_id: str, tokens: list[int] | None, error: str | None, wait: float | None = None) -> None:
+        """On the event loop: the job's tokens, or the error that ended it; ``wait``: its seconds in the queue."""
+        on_wait = self._on_wait.pop(job_id, None)
+        if on_wait is not None and wait is not None and error is None:
+            on_wait(wait)
         future = self._futures.pop(job_id, None)
         if future is None or future.done():
             return
@@ -167,8 +181,10 @@ class Engine(abc.ABC):
     decodes_audio: bool = False  # honours SynthesisRequest.want_audio (see there)
     refines_text: bool = False  # has refine_text (runs refine-text batched with other requests)
 
-    async def refine_text(self, job_id: str, prompt_ids: tuple[int, ...], params: SamplingParams) -> list[int]:
-        """Refine-text's generated ids for one prompt (``engines.refine`` builds it and reads them)."""
+    async def refine_text(self, job_id: str, prompt_ids: tuple[int, ...], params: SamplingParams,
+                          on_wait: Callable[[float], None] | None = None) -> list[int]:
+        """Refine-text's generated ids for one prompt (``engines.refine`` builds it and reads them);
+        ``on_wait(seconds)``: how long it waited before the engine first ran it."""
         raise EngineError(f"the {self.name} engine does not run refine-text itself")
 
     @abc.abstractmethod

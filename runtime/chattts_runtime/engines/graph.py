@@ -59,7 +59,7 @@ from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.engines.base import TextJobs
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import (
-    SamplingParams, block_end, draw, new_generator, repetition_counts, token_probs)
+    SamplingParams, draw, greedy_tokens, new_generator, repetition_counts, token_probs)
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +237,13 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
     """``logits [B, heads, V]`` float32 of slots ``rows`` -> tokens ``[B, heads]``.
 
     ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
-    greedy rows take the argmax, the others ``token_probs`` over their last ``window`` tokens
-    of ``history`` (its ring; ``V`` marks an empty entry) and one counter-based uniform per head.
+    greedy rows take ``greedy_tokens`` (the repetition penalty applied), the others ``token_probs``,
+    both over their last ``window`` tokens of ``history`` (its ring; ``V`` marks an empty entry),
+    with one counter-based uniform per head.
     """
     b, q, v = logits.shape
     generated = state.generated[rows]
     blocked = generated < state.min_frames[rows]
-    greedy_codes = block_end(logits, blocked, eos).argmax(dim=-1)
     temperature = state.temperature[rows]
     greedy = temperature == 0
 
@@ -252,10 +252,12 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
     age = (generated[:, None] - 1 - state.ring[None, :]) % w  # ring slot j holds step generated-1-age
     recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
     recent = torch.where(recent_ok[:, :, None], history[rows], v)  # v = "no token"
+    counts = repetition_counts(recent, v)
+    penalty = state.penalty[rows]
+    greedy_codes = greedy_tokens(logits, penalty, counts, blocked, eos)
     probs, order = token_probs(
-        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), state.penalty[rows],
-        repetition_counts(recent, v), state.top_p[rows], state.top_k[rows],
-        blocked, eos)
+        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), penalty, counts,
+        state.top_p[rows], state.top_k[rows], blocked, eos)
     sampled = draw(probs, order, counter_uniforms(state.seed[rows], generated, q))
     return torch.where(greedy[:, None], greedy_codes, sampled)
 
@@ -419,6 +421,7 @@ class _TextJob:
     slot: int = -1
     tokens: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
+    scheduled_after: float | None = None  # seconds from arrival to its prefill
 
 
 class _RefineHost:
@@ -933,17 +936,18 @@ class GraphEngine(ReferenceEngine):
             self._refine.waiting.append(job)
             self._cond.notify()
 
-    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams) -> list[int]:
+    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams, on_wait=None) -> list[int]:
         if self._loop is None:
             raise EngineError("engine not started")
         return await self._text_jobs.run(job_id, lambda: self.enqueue_text(job_id, prompt_ids, params),
-                                         lambda: self.abort(job_id))
+                                         lambda: self.abort(job_id), on_wait)
 
-    def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None) -> None:
+    def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None,
+                     wait: float | None = None) -> None:
         """A refine job ended (worker thread); the engine process replaces this with a pipe message."""
         if self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error)
+                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error, wait)
             except RuntimeError:  # the event loop is gone
                 pass
 
@@ -953,8 +957,10 @@ class GraphEngine(ReferenceEngine):
 
     def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
         state, host = self._state, self._refine
+        now = time.monotonic()
         for job in jobs:
             job.slot = heapq.heappop(self._free)
+            job.scheduled_after = max(0.0, now - job.arrival)
         n = len(jobs)
         rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
         meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
@@ -993,7 +999,7 @@ class GraphEngine(ReferenceEngine):
         del host.running[job.slot]
         self._text_index_stale = True
         heapq.heappush(self._free, job.slot)
-        self._text_result(job.job_id, job.tokens, error)
+        self._text_result(job.job_id, job.tokens, error, job.scheduled_after)
 
     # -- decode steps ----------------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
     engine._emit = emit  # chunks go to the pipe instead of an event loop
     refines = bool(getattr(engine, "refines_text", False))
     if refines:
-        engine._text_result = lambda job_id, tokens, error: send(("refined", job_id, tokens, error))
+        engine._text_result = lambda job_id, tokens, error, wait=None: send(("refined", job_id, tokens, error, wait))
     # torch and the model stay for the process's life: out of the cyclic collector's full passes,
     # which would otherwise stall the engine loop for 100s of ms now and then.
     gc.collect()
@@ -295,9 +295,9 @@ class ProcessEngine(Engine):
         rid = request.request_id
         return stream_chunks(queue, lambda: self.abort(rid), lambda: self._forget(rid))
 
-    async def refine_text(self, job_id: str, prompt_ids, params) -> list[int]:
+    async def refine_text(self, job_id: str, prompt_ids, params, on_wait=None) -> list[int]:
         if not self.refines_text:
-            return await super().refine_text(job_id, prompt_ids, params)
+            return await super().refine_text(job_id, prompt_ids, params, on_wait)
 
         def enqueue() -> None:
             if self.failed is not None:
@@ -305,7 +305,7 @@ class ProcessEngine(Engine):
             if self._stopping or not self._send(("refine", job_id, tuple(prompt_ids), params)):
                 raise EngineStopped("engine process is not running")
 
-        return await self._text_jobs.run(job_id, enqueue, lambda: self.abort(job_id))
+        return await self._text_jobs.run(job_id, enqueue, lambda: self.abort(job_id), on_wait)
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

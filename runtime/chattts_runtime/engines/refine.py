@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from chattts_runtime.engines.kvcache import BatchKVCache
-from chattts_runtime.model.refine import REFINE_END, RefineParams, refine_prompt
+from chattts_runtime.model.refine import REFINE_END, RefineParams, refine_prompt, refined_text
 from chattts_runtime.model.sampling import SamplingParams, new_generator, sample_tokens
 
 
@@ -81,5 +81,4 @@ class TextRefiner:
 
     def read(self, generated: list[int], prompt_tokens: int) -> RefinedText:
         """The text the audio pass reads from refine's generated ids (here or by an engine that refines)."""
-        kept = [t for t in generated if t < self.break_0]
-        return RefinedText(self.model.tokenizer.decode(kept), tuple(generated), prompt_tokens)
+        return RefinedText(refined_text(self.model.tokenizer, generated), tuple(generated), prompt_tokens)

@@ -454,7 +454,7 @@ class VLLMEngine(Engine):
 
     # -- refine-text -----------------------------------------------------------------------
 
-    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams) -> list[int]:
+    async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams, on_wait=None) -> list[int]:
         """Refine-text as a second generation: the text head's ids after the prompt, up to (not
         including) refine's end token, ``params.max_new_frames`` or ``max_model_len``, as the reference's
         ``TextRefiner.generate`` (one vLLM request, batched with everything else)."""
@@ -475,9 +475,13 @@ class VLLMEngine(Engine):
                                          max_tokens=min(params.max_new_frames, room))
         tokens: list[int] = []
         self.refining += 1
+        arrival = time.monotonic()
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sampling,
                                                 request_id=request_id):
+                if on_wait is not None:  # its first output: the wait for a slot, as an audio request's
+                    on_wait(self._wait_since(arrival, out))
+                    on_wait = None
                 tokens.extend(int(t) for t in out.outputs[0].token_ids)
         except asyncio.CancelledError:
             await self._llm.abort(request_id)
@@ -486,11 +490,15 @@ class VLLMEngine(Engine):
             self.refining -= 1
         return [t for t in tokens if t != end_id]
 
+    @classmethod
+    def _deadline_wait(cls, request: SynthesisRequest, out) -> float:
+        return cls._wait_since(request.arrival, out)
+
     @staticmethod
-    def _deadline_wait(request: SynthesisRequest, out) -> float:
+    def _wait_since(arrival: float, out) -> float:
         stats = getattr(out, "metrics", None)
         scheduled = getattr(stats, "scheduled_ts", 0.0) if stats is not None else 0.0
         now = time.monotonic()
         if scheduled and scheduled <= now:
-            return max(0.0, scheduled - request.arrival)
-        return max(0.0, now - request.arrival)
+            return max(0.0, scheduled - arrival)
+        return max(0.0, now - arrival)

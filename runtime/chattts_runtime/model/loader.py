@@ -16,7 +16,7 @@ from chattts_runtime.model.config import CheckpointError, ModelSizes, load_model
 from chattts_runtime.model.gpt import ChatTTSGPT
 from chattts_runtime.model.prompt import PromptTokenizer
 from chattts_runtime.model.speaker import (
-    PRESET_VOICES, SpeakerError, SpeakerStats, decode_speaker, find_speaker_stats, looks_like_speaker_string,
+    VOICE_NAMES, SpeakerError, SpeakerStats, decode_speaker, find_speaker_stats, looks_like_speaker_string,
     missing_stats_message, normalize_speaker, preset_speaker)
 
 log = logging.getLogger(__name__)
@@ -73,14 +73,14 @@ class ChatTTSModel:
     def speaker_for(self, voice: str) -> torch.Tensor:
         """A preset name or a ChatTTS speaker embedding string -> L2-normalised speaker vector."""
         dim = self.sizes.gpt.hidden_size
-        if voice in PRESET_VOICES:
+        if voice in VOICE_NAMES:
             if self.speaker_stats is None:
                 raise SpeakerError(missing_stats_message(self.root or Path("<model dir>")))
             vec = preset_speaker(voice, self.speaker_stats)
         elif looks_like_speaker_string(voice):
             vec = decode_speaker(voice, dim)
         else:
-            raise SpeakerError(f"unknown voice {voice[:40]!r}: use one of {', '.join(PRESET_VOICES)} "
+            raise SpeakerError(f"unknown voice {voice[:40]!r}: use one of {', '.join(VOICE_NAMES)} "
                                f"or a ChatTTS speaker embedding string")
         return torch.from_numpy(normalize_speaker(vec))
 

@@ -33,9 +33,13 @@ def speed_token(speed: float) -> str:
     return f"[speed_{max(0, min(9, level))}]"
 
 
-def _strip_prompt_tokens(text: str) -> str:
-    """Control tokens typed by a user would steer the model: strip them from the text."""
-    for token in ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]"):
+def upstream_text(text: str) -> str:
+    """The text as upstream's ``Speaker.decorate_code_prompts`` puts it in a code prompt: ``[Stts]``, then
+    ``[spk_emb]``, then ``[empty_spk]`` removed, one after the other (so a nested ``[spk_[empty_spk]emb]``
+    leaves a ``[spk_emb]`` whose position then carries the speaker, as upstream's), then stripped. Nothing
+    else is removed: a ``[Ptts]`` or any other control token typed or refined into the text stays, as there
+    (its issue 459: refined text that begins with control tokens)."""
+    for token in ("[Stts]", "[spk_emb]", "[empty_spk]"):
         text = text.replace(token, "")
     return text.strip()
 
@@ -76,16 +80,21 @@ class PromptTokenizer:
         return known
 
     def build(self, text: str, *, with_speaker: bool, speed: float = 1.0, sample_text: str = "") -> Prompt:
-        """``sample_text``: the transcript of a reference clip (upstream's ``txt_smp``), placed after the
-        speaker tag and before the speed tag, as upstream does; its codes follow the prompt."""
+        """Upstream's code prompt ``[Stts][spk_emb]<sample_text>[speed_k]<text>[Ptts]`` (``[empty_spk]``
+        without a speaker), its strings built as ``Speaker.decorate_code_prompts`` builds them: ``text`` as
+        :func:`upstream_text` leaves it, ``sample_text`` (the transcript of a reference clip, upstream's
+        ``txt_smp``) as it is; the clip's codes follow the prompt.
+
+        Tokenized in segments that end and start at a control token: the tokenizer splits its input at
+        added tokens before anything else, so the ids are those of the whole string (the parity tier
+        compares them with upstream's) and the fixed segments are tokenized once."""
         speaker_tag = "[spk_emb]" if with_speaker else "[empty_spk]"
-        speed_tag = speed_token(speed) if self._has_speed else ""
-        body = self._encode(_strip_prompt_tokens(text))
+        body = self._encode(upstream_text(text))
         head = self._encode_fixed(f"[Stts]{speaker_tag}")
         if sample_text:
-            head += self._encode(_strip_prompt_tokens(sample_text))
-        if speed_tag:
-            head += self._encode_fixed(speed_tag)
+            head += self._encode(sample_text)
+        if self._has_speed:
+            head += self._encode_fixed(speed_token(speed))
         return Prompt(head + body + self._encode_fixed("[Ptts]"), len(body))
 
     def _encode(self, text: str) -> tuple[int, ...]:

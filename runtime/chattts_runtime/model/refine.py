@@ -53,7 +53,13 @@ class RefineParams:
 
 
 def refine_prompt(text: str, controls: str) -> str:
-    """Upstream's ``Speaker.decorate_text_prompts``; the refine delimiters typed by a user are removed."""
-    for token in (REFINE_START, REFINE_PROMPT, REFINE_END):
-        text = text.replace(token, "")
+    """Upstream's ``Speaker.decorate_text_prompts``: the text as it is, break tokens typed in it included
+    (upstream removes none; a user's ``[Pbreak]`` or ``[Ebreak]`` reaches the model there too)."""
     return f"{REFINE_START}{text}{REFINE_PROMPT}{controls}"
+
+
+def refined_text(tokenizer, generated) -> str:
+    """Refine's generated ids -> the text the audio pass reads, as upstream's ``Chat._infer``: the ids below
+    ``[break_0]`` (the control levels, last in the official vocabulary) decoded, control tokens kept."""
+    break_0 = tokenizer.token_id("[break_0]")
+    return tokenizer.decode([t for t in generated if t < break_0])

@@ -19,7 +19,10 @@ Upstream's ``ensure_non_empty`` (regenerate when the first step ends at once) sa
 first frame from the same distribution as blocking the end code at step 0, which is what
 ``min_new_frames=1`` does here.
 
-Greedy (``temperature == 0``, not an upstream mode) takes the argmax after step 5.
+Greedy (``temperature == 0``, not an upstream mode: its ``logits / 0`` gives no distribution) is
+what upstream's steps leave as the most probable token: the argmax after steps 2 and 5
+(:func:`greedy_tokens`); dividing by a temperature and the warpers never move the argmax, so the
+repetition penalty is the one step that changes it, as it does at any temperature.
 
 The draw is an inverse-CDF lookup of one uniform per row in the sorted probabilities, so the
 uniforms can come from a ``torch.Generator`` (reference engine, vLLM plugin) or from a
@@ -120,6 +123,22 @@ def block_end(logits: torch.Tensor, blocked: torch.Tensor, end: int) -> torch.Te
     return logits.masked_fill(blocked[:, None, None] & column, -torch.inf)
 
 
+def penalize(scores: torch.Tensor, penalty: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Upstream's repetition penalty: ``alpha = penalty ** count``; negative scores times ``alpha``, others over it.
+
+    scores, counts ``[B, Q, V]``; penalty ``[B]``."""
+    alpha = torch.pow(penalty[:, None, None], counts)
+    return torch.where(scores < 0, scores * alpha, scores / alpha)
+
+
+def greedy_tokens(logits: torch.Tensor, penalty: torch.Tensor, counts: torch.Tensor, blocked: torch.Tensor,
+                  end: int) -> torch.Tensor:
+    """``temperature == 0``: the argmax of the penalized scores (end token blocked where ``blocked``) -> ``[B, Q]``.
+
+    Arguments as :func:`token_probs`'. Fixed-shape, no host synchronisation (the graph engine captures it)."""
+    return block_end(penalize(logits, penalty, counts), blocked, end).argmax(dim=-1)
+
+
 def token_probs(logits: torch.Tensor, temperature: torch.Tensor, penalty: torch.Tensor,
                 counts: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, blocked: torch.Tensor,
                 end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,9 +150,7 @@ def token_probs(logits: torch.Tensor, temperature: torch.Tensor, penalty: torch.
     order and that order, both ``[B, Q, V]``.
     """
     b, q, v = logits.shape
-    scores = logits / temperature[:, :, None]
-    alpha = torch.pow(penalty[:, None, None], counts)
-    scores = torch.where(scores < 0, scores * alpha, scores / alpha)
+    scores = penalize(logits / temperature[:, :, None], penalty, counts)
     ascending, order = torch.sort(scores, dim=-1)
     position = torch.arange(v, device=logits.device)
     # top-p: drop the low tail holding at most 1 - top_p of the mass; the best 3 always stay.
@@ -173,29 +190,29 @@ class SamplingRow(Protocol):
 def sample_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow], end: int) -> torch.Tensor:
     """``logits [B, Q, V]`` float32 -> tokens ``[B, Q]``, each row with its own params.
 
-    Row-wise operations only, so a row's result does not depend on the batch. Sampled rows
-    draw their uniforms from their own generator (seeded requests reproduce).
+    Row-wise operations only, so a row's result does not depend on the batch. Greedy rows take
+    :func:`greedy_tokens` (repetition penalty included); sampled rows draw their uniforms from
+    their own generator (seeded requests reproduce).
     """
     params = [r.params for r in rows]
     dev = logits.device
+    b, q, v = logits.shape
     blocked = torch.tensor([len(r.frames) < p.min_new_frames for r, p in zip(rows, params)], device=dev)
-    out = block_end(logits, blocked, end).argmax(dim=-1)
+    window = max(p.repetition_window for p in params)
+    recent = torch.full((b, window, q), v, dtype=torch.long)  # v = "no token"
+    for i, (row, p) in enumerate(zip(rows, params)):
+        frames = row.frames[-p.repetition_window:] if p.repetition_penalty != 1.0 else ()
+        if len(frames):
+            recent[i, window - len(frames):] = torch.from_numpy(np.asarray(np.stack(frames), np.int64).reshape(-1, q))
+    counts = repetition_counts(recent.to(dev), v)
+    penalty = torch.tensor([p.repetition_penalty for p in params], device=dev)
+    out = greedy_tokens(logits, penalty, counts, blocked, end)
     picked = [i for i, p in enumerate(params) if not p.greedy]
     if not picked:
         return out
-    sub = logits[picked]
-    b, q, v = sub.shape
     ps = [params[i] for i in picked]
-    window = max(p.repetition_window for p in ps)
-    recent = torch.full((b, window, q), v, dtype=torch.long)  # v = "no token"
-    for j, i in enumerate(picked):
-        frames = rows[i].frames[-ps[j].repetition_window:] if ps[j].repetition_penalty != 1.0 else ()
-        if len(frames):
-            recent[j, window - len(frames):] = torch.from_numpy(np.asarray(np.stack(frames), np.int64).reshape(-1, q))
     probs, order = token_probs(
-        sub, torch.tensor([p.temperatures(q) for p in ps], device=dev),
-        torch.tensor([p.repetition_penalty for p in ps], device=dev),
-        repetition_counts(recent.to(dev), v),
+        logits[picked], torch.tensor([p.temperatures(q) for p in ps], device=dev), penalty[picked], counts[picked],
         torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
         blocked[picked], end)
     uniforms = torch.stack([torch.rand(q, generator=rows[i].generator) for i in picked]).to(dev)

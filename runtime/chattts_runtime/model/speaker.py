@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 PRESET_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
                  "shimmer", "verse")
+# OpenAI's newer voices: presets drawn the same way (by name), kept apart so the tuple above, which the
+# quantizer's calibration cycles through, stays as it was.
+NEWER_PRESET_VOICES = ("marin", "cedar")
+VOICE_NAMES = PRESET_VOICES + NEWER_PRESET_VOICES
 
 _BASE = 0x4E00
 _TAIL = 0x3D00

@@ -34,14 +34,15 @@ class FrontEnd:
         known = tokenizer.knows_character if text.drop_unknown_characters else None
         normalizer = build_normalizer(Path(config.model.path), homophones_map=text.homophones_map,
                                       homophones=text.homophones, language_normalizers=text.language_normalizers,
-                                      known_character=known)
+                                      known_character=known, grammar_dir=text.normalizer_grammars)
         budget = FrameBudget(config.engine.max_model_len, config.generation.max_new_frames,
                              text.frames_per_text_token)
         return cls(tokenizer, normalizer, budget)
 
     def pieces(self, text: str, *, normalize: bool = True, lang: Language | None = None,
                with_speaker: bool = True, speed: float = 1.0, voice_from_first: bool = False) -> list[TextPiece]:
-        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a sentence beyond the budget.
+        """Raises :class:`NothingToSay`, or ``split.SentenceTooLong`` for a run without sentence end, clause mark
+        or white space that alone cannot fit the context.
 
         ``voice_from_first``: every piece of a long input will also hold the first piece's text and
         audio (its voice sample, ``SpeechService.voice_from_first_piece``) in its context. When some

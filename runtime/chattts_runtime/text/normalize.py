@@ -6,8 +6,10 @@ runs, per piece of text, these stages; each is a function here so it can be test
 1. :func:`detect_language`: ``zh`` when the text has more CJK characters than English
    words, else ``en``.
 2. an optional language normalizer (numbers, dates... spelled out). Upstream registers
-   none by default; users plug in WeTextProcessing (zh) or nemo_text_processing (en).
-   Here they are optional extras (:mod:`chattts_runtime.text.language`), off by default.
+   none by default; its examples register WeTextProcessing (zh) and nemo_text_processing (en).
+   Here (:mod:`chattts_runtime.text.language`) each one that is installed is used by default
+   (``text.language_normalizers: installed``; the runtime image carries both), so digits,
+   dates and amounts are spoken rather than dropped by stage 6.
 3. :func:`to_fullwidth` (zh only): ASCII punctuation to its full-width form.
 4. :func:`simplify_punctuation`: punctuation the model was not trained on mapped to a
    comma or a full stop (``!`` -> ``.``, ``:`` ``;`` ``(`` ``)`` ``-`` -> ``,``...).
@@ -21,8 +23,9 @@ runs, per piece of text, these stages; each is a function here so it can be test
    characters inside the set that the vocabulary lacks become ``[UNK]`` as upstream.
    :func:`drop_unknown` (opt-in) drops those too, using the checkpoint's vocabulary.
 
-One deliberate difference: an unclosed ``[`` is plain text here (then dropped as an
-unsupported character); upstream silently loses everything after it.
+One deliberate difference: an unclosed ``[`` (no ``]`` before the next ``[`` or the end) is plain
+text here (then dropped as an unsupported character); upstream silently loses what follows it, up
+to the next ``[``.
 """
 from __future__ import annotations
 
@@ -129,6 +132,8 @@ class TextNormalizer:
     homophones: dict[int, str] | None = None
     language_normalizers: dict[str, Callable[[str], str]] = field(default_factory=dict)
     known_character: Callable[[str], bool] | None = None  # set: drop_unknown runs last
+    homophones_source: str | None = None  # the table's file (what /health's upstream_data reports)
+    language_normalizer_names: dict[str, str] = field(default_factory=dict)  # language -> wetext / nemo
 
     def __call__(self, text: str, *, lang: Language | None = None) -> str:
         language = lang or detect_language(text)
@@ -146,23 +151,29 @@ class TextNormalizer:
         return text
 
     def describe(self) -> dict:
-        return {"homophones": self.homophones is not None,
-                "language_normalizers": sorted(self.language_normalizers),
+        return {"homophones": self.homophones is not None, "homophones_source": self.homophones_source,
+                "language_normalizers": {lang: self.language_normalizer_names.get(lang, "custom")
+                                         for lang in sorted(self.language_normalizers)},
                 "drop_unknown": self.known_character is not None}
 
 
 def build_normalizer(model_dir: str | Path | None, *, homophones_map: str | Path | None = None,
-                     homophones: bool = True, language_normalizers: Iterable[str] = (),
-                     known_character: Callable[[str], bool] | None = None) -> TextNormalizer:
-    table = None
+                     homophones: bool = True, language_normalizers: Iterable[str] | str = (),
+                     known_character: Callable[[str], bool] | None = None,
+                     grammar_dir: str | Path | None = None) -> TextNormalizer:
+    table, source = None, None
     if homophones:
         path = find_homophones_map(model_dir, homophones_map)
         if path is None:
             log.warning("no %s found (checkpoint dir or an installed chattts package): homophone "
                         "replacement is skipped", HOMOPHONES_FILE)
         else:
-            table = load_homophones(path)
+            table, source = load_homophones(path), str(path)
             log.info("homophone table: %s (%d characters)", path, len(table))
-    from chattts_runtime.text.language import load_language_normalizers  # noqa: PLC0415
+    from chattts_runtime.text import language  # noqa: PLC0415
 
-    return TextNormalizer(table, load_language_normalizers(language_normalizers), known_character)
+    names = language.installed_normalizers() if language_normalizers == language.INSTALLED \
+        else list(language_normalizers)
+    grammars = language.GRAMMAR_DIR if grammar_dir is None else Path(grammar_dir)
+    return TextNormalizer(table, language.load_language_normalizers(names, grammars), known_character, source,
+                          {language.NORMALIZER_LANGUAGE[n]: n for n in names})

@@ -6,10 +6,15 @@ frames each). :func:`upstream_pieces` is that cut. A piece must also fit the con
 here: its prompt plus the frames it will need must stay within ``max_model_len``, and
 the frames within ``max_new_frames``. :class:`Planner` keeps upstream's pieces that
 fit, cuts the others at every sentence end (``。！？；…!?;``, ``.`` before a space) and
-packs consecutive sentences back together while they fit. A single sentence that does
-not fit is refused (:class:`SentenceTooLong`) only when it cannot fit the context at
-all; one that fits the context but needs more than ``max_new_frames`` (an operator's
-cap, below the context) goes alone, capped.
+packs consecutive sentences back together while they fit. A sentence that fits the context
+but needs more than ``max_new_frames`` (an operator's cap, below the context) goes alone,
+capped. A sentence that cannot fit the context (a long comma-separated sentence, a
+paragraph pasted without a sentence end) is cut the same way one level down: at its
+clause marks (:func:`clauses`: ``，、,：:`` ...), then at white space (:func:`words`),
+and packed back while it fits; only a run with neither that still cannot fit the
+context is refused (:class:`SentenceTooLong`, the speech API's 400 ``input_too_long``).
+Upstream generates such a sentence as one piece whatever its length (its context is the
+prompt plus 2,048 frames); here the context is ``max_model_len`` for both.
 
 How many frames a text needs is estimated from its token count
 (:attr:`FrameBudget.frames_per_text_token`, scaled by 1/speed); the default (16 frames =
@@ -27,6 +32,9 @@ P = TypeVar("P")
 
 _UPSTREAM_SENTENCE_END = re.compile(r"(?<=。)|(?<=\.\s)")
 _SENTENCE_END = re.compile(r"(?<=[。！？；…!?;\n])|(?<=\.)(?=\s)")
+# Clause marks, before and after upstream's punctuation mapping (its zh pass turns ":;()-" into "，").
+_CLAUSE_END = re.compile(r"(?<=[，、,：:（）()《》〈〉「」『』【】“”\"—－\-])")
+_WORD_END = re.compile(r"(?<=\s)(?=\S)")
 
 
 def upstream_pieces(text: str) -> list[str]:
@@ -39,6 +47,19 @@ def upstream_pieces(text: str) -> list[str]:
 def sentences(text: str) -> list[str]:
     """Cut after every sentence end; joining the result gives ``text`` back."""
     return [s for s in _SENTENCE_END.split(text) if s]
+
+
+def clauses(text: str) -> list[str]:
+    """Cut after every clause mark (comma, enumeration comma, colon, dash, bracket, quote); joins back."""
+    return [s for s in _CLAUSE_END.split(text) if s]
+
+
+def words(text: str) -> list[str]:
+    """Cut before every word after white space; joins back."""
+    return [s for s in _WORD_END.split(text) if s]
+
+
+_FINER = (clauses, words)  # how a part that cannot fit the context is cut next, in order
 
 
 @dataclass(frozen=True)
@@ -58,14 +79,23 @@ class FrameBudget:
     def fits_context(self, prompt_tokens: int, text_tokens: int, speed: float = 1.0) -> bool:
         return prompt_tokens + self.frames_needed(text_tokens, speed) < self.max_model_len
 
+    def max_text_tokens(self, speed: float = 1.0, fixed_tokens: int = 4) -> int:
+        """About the most text tokens one piece holds: with its prompt's ``fixed_tokens`` (``[Stts]``, speaker,
+        speed, ``[Ptts]``) and its budgeted frames within the context (what the 400 ``input_too_long`` says)."""
+        per_token = 1 + self.frames_per_text_token / speed
+        return max(0, math.floor((self.max_model_len - 1 - fixed_tokens) / per_token))
+
     def max_frames(self, prompt_tokens: int) -> int:
         """Frames a piece may generate (its prompt and frames within the context)."""
         return min(self.max_new_frames, self.max_model_len - prompt_tokens - 1)
 
 
 class SentenceTooLong(ValueError):
+    """A run without sentence end, clause mark or white space that cannot fit the context alone."""
+
     def __init__(self, sentence: str):
-        super().__init__(f"a sentence is too long to synthesize in one piece: {sentence[:60]!r}...")
+        super().__init__(f"a run of {len(sentence)} characters without punctuation or white space is too long "
+                         f"to synthesize in one piece: {sentence[:40]!r}...")
         self.sentence = sentence
 
 
@@ -88,12 +118,12 @@ class Planner(Generic[P]):
             out += [piece] if self.fits(piece) else self._pack(sentences(raw))
         return out
 
-    def _pack(self, parts: Sequence[str]) -> list[P]:
+    def _pack(self, parts: Sequence[str], finer: tuple = _FINER) -> list[P]:
         out: list[P] = []
         start = 0
         while start < len(parts):
             best, end = None, start
-            # Grow the group sentence by sentence while it fits (a longer group re-tokenizes,
+            # Grow the group part by part while it fits (a longer group re-tokenizes,
             # so normalization across the joints stays what one piece would get).
             for stop in range(start + 1, len(parts) + 1):
                 candidate = self.prepare("".join(parts[start:stop]))
@@ -102,9 +132,16 @@ class Planner(Generic[P]):
                 best, end = candidate, stop
             if end == start:
                 alone = self.prepare(parts[start])
-                if not self.possible(alone):
-                    raise SentenceTooLong(parts[start])
-                best, end = alone, start + 1
+                if self.possible(alone):
+                    best, end = alone, start + 1
+                else:
+                    # It cannot fit the context: cut it at its clause marks, else its white space.
+                    level = next((i for i, cut in enumerate(finer) if len(cut(parts[start])) > 1), None)
+                    if level is None:
+                        raise SentenceTooLong(parts[start])
+                    out += self._pack(finer[level](parts[start]), finer[level + 1:])
+                    start += 1
+                    continue
             if best is not None:
                 out.append(best)
             start = end

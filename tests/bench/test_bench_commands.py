@@ -1,0 +1,96 @@
+"""Every benchmark command runs on the CPU at its tiniest, so a broken benchmark fails CI rather than a
+GPU call (issue #30: `bench.runtime` once wrote a config the runtime refused, and nothing ran it).
+
+* ``bash bench/runtime/h200.sh --smoke``: every step of the GPU script at the tiny size, one level, one
+  round, with an ``--ab`` arm on this very revision; CUDA-only steps are parsed.
+* ``python -m bench.*``: each module's command line at its smallest size; the ones that need CUDA show
+  their ``--help`` (argument parsing before any CUDA call). The cluster benchmarks run in tests/cluster,
+  the vLLM ones in tests/vllm_engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = ("anchor graph_check engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream "
+         "fixed128 upstream memprobe dtype reference loadgen")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "BENCH_RESULTS": str(tmp_path / "results"), "PYTHONUNBUFFERED": "1"}
+
+
+def _run(cmd: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    return out
+
+
+def test_every_step_of_the_gpu_script_runs_at_the_tiny_size_with_an_ab_arm(tmp_path):
+    subprocess.run(["bash", "bench/runtime/ab_prepare.sh", "HEAD"], cwd=REPO, check=True, capture_output=True)
+    out_dir = tmp_path / "out"
+    env = {**_env(tmp_path), "OUT": str(out_dir)}
+    proc = subprocess.run(["bash", "bench/runtime/h200.sh", "--smoke", "--steps", STEPS, "--ab", "HEAD=graph",
+                           "--budget", "3000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3300)
+    summary = (out_dir / "summary.txt").read_text() if (out_dir / "summary.txt").exists() else ""
+    assert proc.returncode == 0, f"h200.sh --smoke failed:\n{summary}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    for step in [*STEPS.split(), "graph@HEAD"]:
+        assert re.search(rf"^{re.escape(step)}: passed", summary, re.M), f"{step} did not pass:\n{summary}"
+    # The A/B summary compares the two arms level by level.
+    assert "A/B graph" in summary and re.search(r"^2 \| [\d.]+, [\d.]+, [\d.]+x", summary, re.M), summary
+    # Results went to the smoke's own folder, none among the recorded ones.
+    assert not list((REPO / "bench" / "results").glob("runtime-h200-*-smoke*"))
+    for name in ("summary.txt", "results.tar.gz", "logs.tar.gz"):
+        assert (out_dir / name).stat().st_size > 0
+
+
+def test_the_gpu_script_refuses_a_typo_before_it_runs_anything(tmp_path):
+    for args in (["--steps", "graph faithfull"], ["--ab", "HEAD"], ["--ab", "HEAD=anchor", "--steps", "anchor"],
+                 ["--no-such-flag"]):
+        proc = subprocess.run(["bash", "bench/runtime/h200.sh", "--smoke", *args], cwd=REPO, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "h200.sh:" in proc.stderr
+
+
+def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_path):
+    _run([sys.executable, "-m", "bench.runtime", "--device", "cpu", "--size", "tiny", "--mixed", "--frames", "64",
+          "--refine", "on", "--audio-decoder", "decoder", "--concurrency", "2", "--sequential", "1", "--rounds", "1",
+          "--engine", "graph", "--max-model-len", "1024", "--tag", "cpu-parts"], tmp_path, timeout=900)
+    report = json.loads((tmp_path / "results" / "runtime-cpu-parts.json").read_text())
+    level = report["levels"][-1]
+    assert level["ttfa_by_class"], level
+    parts = {part for part in level["first_audio_parts"]}
+    assert {"refine", "after_headers"} <= parts, parts
+
+
+CPU_COMMANDS = {
+    "autoscaler": ["bench.autoscaler", "--traces", "bursts", "--calibrations", "anchor", "--no-plots", "--out", "{tmp}"],
+    "stages": ["bench.stages", "--size", "tiny", "--requests", "1", "--frames", "8", "--refine-tokens", "8"],
+    "text_frontend": ["bench.text_frontend", "--repeat", "1", "--out", "{tmp}/text-frontend.md"],
+    "operator_desired_state": ["bench.operator_desired_state"],
+    "ttfb_formats": ["bench.runtime.ttfb_formats", "--size", "tiny", "--device", "cpu", "--requests", "1",
+                     "--frames", "16"],
+    "engine_load": ["bench.runtime.engine_load", "--engine", "reference", "--size", "tiny", "--frames", "8",
+                    "--rounds", "1", "--concurrency", "2", "--out", "{tmp}/engine-load.json"],
+    # CUDA-only: their command lines parse here; they run in h200.sh on the GPU.
+    "graph_check": ["bench.runtime.graph_check", "--help"],
+    "decode_check": ["bench.runtime.decode_check", "--help"],
+    "attention_sweep": ["bench.runtime.attention_sweep", "--help"],
+    "ab_summary": ["bench.runtime.ab_summary", "--help"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CPU_COMMANDS))
+def test_bench_command_runs_at_its_tiniest(name, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in CPU_COMMANDS[name]]
+    _run([sys.executable, "-m", *args], tmp_path, timeout=900)
