@@ -113,7 +113,8 @@ def bench_checkpoint(size: str):
 
 def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, *,
                     engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
-                    audio_decoder: str = "dvae", voice_from_first_piece: bool | str | None = None) -> dict:
+                    audio_decoder: str = "dvae", voice_from_first_piece: bool | str | None = None,
+                    vllm: dict | None = None) -> dict:
     """The benchmark server's runtime config (the YAML's shape; ``launch`` validates it). ``None`` leaves a
     field at the runtime's default (it is then not written at all)."""
     text = {"frames_per_text_token": 4.0}
@@ -121,9 +122,12 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
     # front-end's frame budget per token is scaled so a paragraph stays one piece, as it would be.
     if voice_from_first_piece is not None:
         text["voice_from_first_piece"] = voice_from_first_piece
+    engine_settings = {"max_num_seqs": max_seqs, "max_model_len": max_model_len}
+    if engine == "vllm":  # its own knobs (``vllm``: enforce_eager, enable_prefix_caching, kv_cache_dtype, ...)
+        engine_settings.update({"dtype": "bfloat16" if device == "cuda" else "float32", **(vllm or {})})
     return {
         "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
-        "engine": {"max_num_seqs": max_seqs, "max_model_len": max_model_len},
+        "engine": engine_settings,
         "server": {"max_queue": 4096},
         "text": text,
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk,
@@ -234,6 +238,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         f"Model: `{p['size']}` random weights ({p['model']}), {p.get('engine', 'reference')} engine, {p['dtype']}, "
         + (f"mixed lengths (1 to 4 sentences, {FRAMES_PER_WORD} frames per word, at most {p['frames']}), "
            if p.get("mixed") else f"{p['frames']} frames per request ({p['frames'] * 512 / SAMPLE_RATE:.2f} s of audio), ")
+        + (f"vLLM settings {json.dumps(p['vllm'], sort_keys=True)}, " if p.get("vllm") else "")
         + f"refine-text {'on' if p.get('refine_text') else 'off'}, audio path {p.get('audio_decoder', 'dvae')}, "
         f"streaming PCM "
         f"through the speech API, sampling (temperature 0.3). Environment: "
@@ -302,7 +307,8 @@ async def main_async(args) -> dict:
                              args.chunk_frames, log, runtime=args.runtime,
                              engine=args.engine, max_model_len=args.max_model_len, refine=args.refine == "on",
                              audio_decoder=args.audio_decoder,
-                             voice_from_first_piece=VOICE_CHOICES[args.voice_from_first_piece])
+                             voice_from_first_piece=VOICE_CHOICES[args.voice_from_first_piece],
+                             **({"vllm": vllm_settings(args)} if args.engine == "vllm" else {}))
     texts = mixed_requests() if args.mixed else BENCH_TEXTS
     try:
         t0 = time.perf_counter()
@@ -339,6 +345,7 @@ async def main_async(args) -> dict:
                    "max_model_len": args.max_model_len, "dtype": "bfloat16" if args.device == "cuda" else "float32",
                    "refine_text": args.refine == "on", "audio_decoder": args.audio_decoder, "mixed": args.mixed,
                    "voice_from_first_piece": args.voice_from_first_piece,
+                   "vllm": vllm_settings(args) if args.engine == "vllm" else None,
                    "max_num_seqs": args.max_num_seqs or max(levels),
                    "runtime": str(args.runtime) if args.runtime else "this tree",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
@@ -347,6 +354,15 @@ async def main_async(args) -> dict:
         "sequential": sequential,
         "levels": results,
     }
+
+
+def vllm_settings(args) -> dict:
+    """The vllm engine's settings from the command line (``server_settings``'s ``vllm``)."""
+    out = {"enforce_eager": args.cuda_graphs == "off", "enable_prefix_caching": args.prefix_cache == "on",
+           "kv_cache_dtype": args.kv_cache_dtype}
+    if args.gpu_memory_utilization is not None:
+        out["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return out
 
 
 def positive_int_list(text: str) -> list[int]:
@@ -372,8 +388,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds over which the clients' first requests are spread; throughput and "
                         "percentiles cover the window where all clients run")
     p.add_argument("--chunk-frames", type=int, default=24, help="frames per streamed audio chunk")
-    p.add_argument("--engine", default="reference", choices=("reference", "graph"),
-                   help="runtime engine_kind to serve with (graph: engines/graph.py)")
+    p.add_argument("--engine", default="reference", choices=("reference", "graph", "vllm"),
+                   help="runtime engine_kind to serve with (graph: engines/graph.py; vllm: engines/vllm_engine.py, "
+                   "vLLM installed beside the runtime)")
+    p.add_argument("--cuda-graphs", default="on", choices=("on", "off"),
+                   help="vllm engine: off = engine.enforce_eager (no torch.compile, no CUDA graphs)")
+    p.add_argument("--prefix-cache", default="off", choices=("on", "off"),
+                   help="vllm engine: engine.enable_prefix_caching (prompts salted by speaker)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"), help="vllm engine: engine.kv_cache_dtype")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vllm engine: engine.gpu_memory_utilization (default: the runtime's)")
     p.add_argument("--max-model-len", type=int, default=4096, help="engine.max_model_len (KV cache length)")
     p.add_argument("--refine", default="off", choices=("on", "off"), help="generation.refine_text")
     p.add_argument("--voice-from-first-piece", default="default", choices=tuple(VOICE_CHOICES),

@@ -32,6 +32,8 @@ MANAGED_ENGINE_FLAGS = frozenset({
     # Set by the ChatTTS vLLM plugin itself: frames travel through logits and logprobs.
     "--skip-tokenizer-init", "--logits-processors", "--logprobs-mode", "--max-logprobs",
     "--async-scheduling", "--no-async-scheduling",
+    # CUDA graphs of the Llama body only: the plugin's step is host-side Python (engines/vllm_engine.py).
+    "--compilation-config", "-cc",
 })
 
 

