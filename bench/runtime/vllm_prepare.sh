@@ -7,17 +7,17 @@
 # From the repository root (or anywhere: it goes there). Downloads with pip (no dependency
 # resolution: exactly the wheels in bench/runtime/vllm_h200.requirements.txt, cp312 manylinux
 # x86_64, the GPU machine's Python) into .vllm/wheels (ignored by git), packs them into one
-# uncompressed tar (wheels are zip files already), splits it into pieces of PIECE_MIB (58) MiB
-# (`split -b 58M`: a call carries 64 MiB at most) and writes .vllm/pieces/SHA256SUMS (each piece,
+# uncompressed tar (wheels are zip files already), splits it into pieces of PIECE_MIB (53) MiB
+# (`split -b 53M`: a call carries 64 MiB at most, the working tree of ~6 MiB included) and writes .vllm/pieces/SHA256SUMS (each piece,
 # and the whole bundle as bundle.tar). Then prints the runbook: the `run` calls, in order, with their
 # carry lists (bench/runtime/VLLM_H200.md says why and what each one does).
 #
-# Environment: PIP (default "python3 -m pip"), PIECE_MIB (58), VLLM_DIR (.vllm).
+# Environment: PIP (default "python3 -m pip"), PIECE_MIB (53), VLLM_DIR (.vllm).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REQS=bench/runtime/vllm_h200.requirements.txt
 VLLM_DIR="${VLLM_DIR:-.vllm}"
-PIECE_MIB="${PIECE_MIB:-58}"
+PIECE_MIB="${PIECE_MIB:-53}"
 PIP="${PIP:-python3 -m pip}"
 offline=0
 while [ $# -gt 0 ]; do
