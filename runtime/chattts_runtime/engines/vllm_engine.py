@@ -52,8 +52,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import logging
+import os
 import random
 import time
 import uuid
@@ -229,6 +231,18 @@ def flat_entries(logprobs, position: int) -> tuple[list[int], list[float]]:
     return list(ranked.keys()), [entry.logprob for entry in ranked.values()]
 
 
+def use_native_sampler_without_flashinfer(environ=os.environ) -> bool:
+    """vLLM 0.26 on CUDA imports FlashInfer for its top-k/top-p sampler unless ``VLLM_USE_FLASHINFER_SAMPLER``
+    is 0, and its engine core then fails to start where FlashInfer is not installed (seen on the H200,
+    2026-12-03: ``No module named 'flashinfer'``). Without it, vLLM's native sampler is used (the engine core
+    inherits the environment). True when that was set here; an explicit setting is left alone."""
+    if importlib.util.find_spec("flashinfer") is not None or "VLLM_USE_FLASHINFER_SAMPLER" in environ:
+        return False
+    environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    log.info("FlashInfer is not installed: vLLM's native top-k/top-p sampler (VLLM_USE_FLASHINFER_SAMPLER=0)")
+    return True
+
+
 class VLLMEngine(Engine):
     name = "vllm"
     refines_text = True
@@ -271,6 +285,7 @@ class VLLMEngine(Engine):
         from chattts_runtime.vllm_plugin import register  # noqa: PLC0415
 
         register()  # this process resolves the architecture before the engine core starts
+        use_native_sampler_without_flashinfer()
         if self.config.model.format == WeightFormat.AWQ and (reason := awq_unsupported_reason()):
             raise EngineError(reason)
         engine_args = parse_engine_args(self.cli_args)
