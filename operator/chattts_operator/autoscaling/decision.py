@@ -89,11 +89,13 @@ class History:
     # learned from running / frames-per-second while the replicas run that loaded.
     step_seconds: float | None = None
     # The demand's trend at the newest fresh sample: (time, requests in flight, growth per
-    # second, per-replica load limit); what a gap in the metrics is decided from. In memory only.
-    trend: tuple[float, float, float, float] | None = None
+    # second, per-replica load limit); what a gap in the metrics is decided from.
+    # In memory only (not in status, not compared): a restarted operator relearns it.
+    trend: tuple[float, float, float, float] | None = field(default=None, compare=False)
     # How long a request runs, by Little's law (running / starts per second), learned while the
     # wait histogram answers: what sizes the arrivals through a cold start when it does not.
-    service_seconds: float | None = None
+    # In memory only, like the trend.
+    service_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -499,7 +501,7 @@ def decide(
         age = now - samples[-1].time
         problem = ("HoldStaleMetric", f"newest sample is {format_duration(max(age, 0.0))} old (staleness {spec.staleness})")
     elif latest.wait_quantile is None or not math.isfinite(latest.wait_quantile):
-        if latest.observed_requests == 0 and latest.unreachable_replicas == 0:
+        if latest.observed_requests == 0 and latest.unreachable_replicas == 0 and not latest.demand:
             latest = FleetSample(**{**latest.__dict__, "wait_quantile": 0.0})  # idle: no request to wait
             fresh[-1] = latest
         elif latest.demand is not None and _finite(latest.slots_per_replica) and latest.slots_per_replica > 0:
