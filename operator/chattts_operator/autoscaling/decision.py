@@ -104,7 +104,8 @@ class Decision:
     reason: str
     message: str
     metric_value: float | None
-    # False when the metric was missing/stale/NaN: the decision is a hold.
+    # False when the wait was missing/stale/NaN: the decision came from the queue gauges or the
+    # demand's trend before the gap (never a scale-down), or holds.
     metric_ok: bool
     # Why the result differs from the raw recommendation, if it does: "", "MinReplicas",
     # "MaxReplicas", "GPUShare", "ScaleUpPolicy", "ScaleDownPolicy", "Stabilized",
@@ -473,7 +474,11 @@ def decide(
     (the load asks for half the replicas or fewer) takes the highest recommendation of
     ``deepDropWindow`` (1 min) instead of the scale-down window; True or None (unknown) keep it.
     While the wait is above target the recommendation covers the demand one evaluation ahead
-    (``demand_ahead``), or, while replicas are still starting, the arrivals (``arrivals_in_flight``)."""
+    (``demand_ahead``), or, while replicas are still starting, the arrivals (``arrivals_in_flight``).
+
+    Without the wait: the queue gauges decide when they answer (``raw_recommendation`` with
+    ``wait_known`` False; the arrivals by ``arrivals_by_service``); with no fresh sample, the
+    demand's trend before the gap (``History.trend``, ``_decide_blind``). Neither scales down."""
     if current_replicas < 0:
         raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
     if spec.max_replicas is None:
