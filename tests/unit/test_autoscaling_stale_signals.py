@@ -9,6 +9,7 @@ import pytest
 
 from chattts_operator.autoscaling import FleetSample, History, decide
 from chattts_operator.autoscaling.decision import arrivals_by_service, learn_service_seconds
+from chattts_operator.autoscaling.status import next_status
 from tests.unit.autoscaling_support import LIMIT, NOW, SLOTS, autoscaling_spec
 
 spec = partial(autoscaling_spec, 16)
@@ -34,6 +35,10 @@ def test_no_wait_but_a_queue_grows_the_fleet_from_the_gauges():
     assert decision.metric_ok is False and decision.metric_value is None
     assert "decided from the queue gauges" in decision.message
     assert "request(s) waiting for a slot" in decision.message
+    # The condition says the wait is missing, whatever was decided.
+    status = next_status(None, decision, 2, NOW)
+    active = next(c for c in status.conditions if c.type == "ScalingActive")
+    assert active.status == "False" and active.reason == "InvalidMetric" and "queue gauges" in active.message
 
 
 def test_no_wait_and_no_queue_never_scales_down():
@@ -100,7 +105,7 @@ def test_a_gap_after_a_rising_trend_grows_for_it_one_window_ahead():
     assert decision.reason == "ScaleUp" and decision.metric_ok is False
     assert decision.raw_recommendation == -(-(ahead + 1.5 * ahead ** 0.5) // LIMIT)
     assert decision.desired_replicas == 7 and decision.limited_by == "ScaleUpPolicy"  # +4 per 15 s
-    assert "rising before the gap" in decision.message
+    assert "rising before the gap" in decision.message and decision.metric_problem == "StaleMetric"
     # Recorded for the stabilization windows: the scale-down after the gap keeps it 360 s.
     assert decision.history.recommendations[-1] == (later, decision.raw_recommendation)
 

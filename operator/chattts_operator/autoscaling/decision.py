@@ -117,6 +117,9 @@ class Decision:
     # forecast records per minute. None when the metric held.
     sized: int | None = None
     forecast_floor: int | None = None
+    # With metric_ok False, what was wrong with the wait ("MissingMetric", "StaleMetric",
+    # "InvalidMetric"): the ScalingActive condition's reason, whatever was decided.
+    metric_problem: str = ""
 
 
 
@@ -585,7 +588,8 @@ def decide(
     return Decision(
         desired_replicas=desired, reason=reason, message=message,
         metric_value=latest.wait_quantile if wait_known else None,
-        metric_ok=wait_known, limited_by=limited_by, raw_recommendation=recommendation,
+        metric_ok=wait_known, metric_problem="" if wait_known else "InvalidMetric",
+        limited_by=limited_by, raw_recommendation=recommendation,
         history=_record(history, now, recommendation, current_replicas, desired),
         sized=sized, forecast_floor=forecast_floor,
     )
@@ -610,6 +614,7 @@ def _decide_blind(spec: AutoscalingSpec, current: int, history: History, now: fl
     window past its newest sample (a burst caught at its onset); otherwise hold. Never shrinks
     (only the min/max/cap clamp may lower the replicas)."""
     reason, message = problem
+    metric_problem = reason.removeprefix("Hold")
     trend = history.trend
     recommendation = None
     if trend is not None and now - trend[0] <= spec.staleness_seconds + spec.window_seconds:
@@ -625,8 +630,8 @@ def _decide_blind(spec: AutoscalingSpec, current: int, history: History, now: fl
             message += f"; clamped to {limited}"
         return Decision(
             desired_replicas=held, reason=reason, message=message + "; holding replicas",
-            metric_value=None, metric_ok=False, limited_by=limited, raw_recommendation=None,
-            history=_record(history, now, None, current, held), forecast_floor=forecast_floor,
+            metric_value=None, metric_ok=False, metric_problem=metric_problem, limited_by=limited,
+            raw_recommendation=None, history=_record(history, now, None, current, held), forecast_floor=forecast_floor,
         )
     limited_value = _rate_limit(current, recommendation, now, history, spec.behavior.scale_up, up=True)
     limited_by = "ScaleUpPolicy" if limited_value != recommendation else ""
@@ -640,7 +645,7 @@ def _decide_blind(spec: AutoscalingSpec, current: int, history: History, now: fl
     return Decision(
         desired_replicas=desired, reason="ScaleUp" if desired > current else ("ScaleDown" if desired < current
                                                                               else reason),
-        message=message, metric_value=None, metric_ok=False, limited_by=limited_by,
+        message=message, metric_value=None, metric_ok=False, metric_problem=metric_problem, limited_by=limited_by,
         raw_recommendation=recommendation, history=_record(history, now, recommendation, current, desired),
         forecast_floor=forecast_floor,
     )
