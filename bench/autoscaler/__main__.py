@@ -176,7 +176,7 @@ def run_trace(trace, calibration: Calibration, seed: int) -> dict:
         result = simulate(model, trace.arrivals, trace.frames, contender,
                           MAX_REPLICAS if contender is all_warm else initial,
                           trace.duration, seed,
-                          outages=trace.outages)
+                          outages=trace.outages, wait_outages=trace.wait_outages)
         per_minute = minute_quantiles(trace.arrivals, result.waits, trace.duration, model.quantile)
         out["runs"].append({
             "autoscaler": contender.name,

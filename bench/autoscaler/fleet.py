@@ -23,7 +23,7 @@ import bisect
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -93,8 +93,11 @@ def simulate(
     duration: float,
     seed: int,
     outages: tuple[tuple[float, float], ...] = (),
+    wait_outages: tuple[tuple[float, float], ...] = (),
 ) -> RunResult:
-    """``outages``: (start, end) spans in which the autoscaler gets no sample (scrapes dropped)."""
+    """``outages``: (start, end) spans in which the autoscaler gets no sample (scrapes dropped);
+    ``wait_outages``: spans in which its samples have no wait histogram (no wait quantile, no count
+    of the window's starts) while the queue gauges and the frame counter still answer."""
     rng = np.random.default_rng(seed)
     n = len(arrivals)
     route_draw = rng.random(n)
@@ -218,6 +221,8 @@ def simulate(
             s = sample(now)
             timeline.append((now, current, s.ready_replicas, s.wait_quantile))
             blind = any(a <= now < b for a, b in outages)
+            if any(a <= now < b for a, b in wait_outages):
+                s = replace(s, wait_quantile=None, observed_requests=None)
             desired = autoscaler.evaluate(now, current, None if blind else s)
             scale(now, desired)
             next_sync += model.sync_seconds

@@ -61,6 +61,9 @@ class _HpaCore:
         self.recommendations: list[tuple[float, int]] = []
         self.events: list[tuple[float, int]] = []
 
+    def _metric(self, sample: FleetSample) -> float | None:
+        raise NotImplementedError
+
     def _usage_ratio(self, current: int, sample: FleetSample) -> float:
         raise NotImplementedError
 
@@ -68,7 +71,7 @@ class _HpaCore:
         raise NotImplementedError
 
     def evaluate(self, now: float, current: int, sample: FleetSample | None) -> int:
-        if sample is None:
+        if sample is None or self._metric(sample) is None:
             return current  # the HPA keeps the scale when its metric is unavailable
         ratio = self._usage_ratio(current, sample)
         raw = current if abs(ratio - 1.0) <= self.tolerance else self._raw(current, sample)
@@ -97,6 +100,9 @@ class Hpa(_HpaCore):
         super().__init__("HPA (wait quantile)", min_replicas, max_replicas)
         self.target = target_seconds
 
+    def _metric(self, sample):
+        return sample.wait_quantile if sample.wait_quantile is not None and math.isfinite(sample.wait_quantile) else None
+
     def _usage_ratio(self, current, sample):
         return (sample.wait_quantile or 0.0) / self.target
 
@@ -108,6 +114,9 @@ class Keda(_HpaCore):
     def __init__(self, threshold: float, min_replicas: int, max_replicas: int):
         super().__init__("KEDA (waiting > 5)", min_replicas, max_replicas)
         self.threshold = threshold
+
+    def _metric(self, sample):
+        return sample.requests_waiting
 
     def _usage_ratio(self, current, sample):
         return (sample.requests_waiting or 0.0) / (self.threshold * max(current, 1))

@@ -18,6 +18,9 @@ class Trace:
     frames: np.ndarray  # decode steps per request
     # (start, end) seconds when the harness drops every scrape: the autoscalers see nothing new.
     outages: tuple[tuple[float, float], ...] = ()
+    # (start, end) seconds when the wait histogram is missing from every scrape (the series
+    # dropped, a recording rule broken): the queue gauges and the frame counter still answer.
+    wait_outages: tuple[tuple[float, float], ...] = ()
 
 
 def _arrivals(rate: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -137,4 +140,33 @@ def outage(seed: int = 8, base: float = 5.0, rate_scale: float = 1.0) -> Trace:
     return _trace("outage", "burst with a 5 min metrics outage (2 h)", rate, rng, outages=((4500.0, 4800.0),))
 
 
-ALL = (diurnal, bursts, ramp, crowd, square, lull, outage)
+def blindburst(seed: int = 9, base: float = 5.0, rate_scale: float = 1.0) -> Trace:
+    """Three hours at a noisy base with four bursts (3-4x, 6-12 min), each losing its metric just
+    as it begins: the wait histogram vanishes 30 s before the first, at the onset of the second and
+    20 s into the fourth (5 min each; the queue gauges still answer); every scrape is dropped from
+    the onset of the third for 5 min (nothing answers). Onsets, sizes and gaps were fixed before the
+    autoscaler was changed for them."""
+    rng = np.random.default_rng(seed)
+    length = 3 * 3600
+    rate = np.full(length, base * rate_scale) * _smooth_noise(length, rng, 0.08)
+    onsets = (1500, 3900, 6300, 8700)
+    for onset, span, lift in zip(onsets, (420, 720, 360, 600), (3.0, 4.0, 3.5, 3.0)):
+        rate[onset : onset + span] *= lift
+    return _trace("blindburst", "bursts, metric lost at each onset (3 h)", rate, rng,
+                  wait_outages=((1470.0, 1770.0), (3900.0, 4200.0), (8720.0, 9020.0)),
+                  outages=((6300.0, 6600.0),))
+
+
+def blindcrowd(seed: int = 10, base: float = 1.5, rate_scale: float = 1.0) -> Trace:
+    """Two hours at a low base; at 40 min a 10x crowd arrives within a minute and stays 30 min,
+    and the wait histogram is lost from 15 s before it for 10 minutes (the queue gauges answer)."""
+    rng = np.random.default_rng(seed)
+    length = 2 * 3600
+    t = np.arange(length, dtype=float)
+    lift = np.clip((t - 2400.0) / 60.0, 0.0, 1.0) * (t < 4200.0)
+    rate = rate_scale * base * (1.0 + 9.0 * lift) * _smooth_noise(length, rng, 0.05)
+    return _trace("blindcrowd", "10x crowd, wait metric lost at its onset (2 h)", rate, rng,
+                  wait_outages=((2385.0, 2985.0),))
+
+
+ALL = (diurnal, bursts, ramp, crowd, square, lull, outage, blindburst, blindcrowd)

@@ -69,7 +69,8 @@ def run(calibration_name: str, trace_name: str, make) -> str:
     spec = operator_spec(calibration.target)
     contender = make(spec)
     result = simulate(calibration.model, trace.arrivals, trace.frames, contender,
-                      initial_replicas(trace, calibration.model), trace.duration, 7, outages=trace.outages)
+                      initial_replicas(trace, calibration.model), trace.duration, 7, outages=trace.outages,
+                      wait_outages=trace.wait_outages)
     per_minute = minute_quantiles(trace.arrivals, result.waits, trace.duration, calibration.model.quantile)
     return (f"{calibration_name:9s} {trace_name:7s} {contender.name:16s} "
             f"violation min {int(np.sum(per_minute > spec.target_seconds)):3d}  "

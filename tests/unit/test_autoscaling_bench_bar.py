@@ -127,3 +127,34 @@ def test_the_bar_never_excuses_replica_hours_above_hpa():
     # Half of HPA's violation minutes met, replica-hours above HPA's: a miss, never impossible.
     [row] = verdicts(_raw(_run("operator", 3, 11.0), [_bound(1, 8, 4.0), _bound(16, 6, 32.0)]))
     assert verdict(row) == "not met"
+
+
+def test_the_harness_drops_only_the_wait_of_a_wait_outage():
+    recorder = Recorder()
+    arrivals = np.arange(0.0, 300.0, 0.5)
+    simulate(FleetModel(), arrivals, np.full(len(arrivals), 100.0), recorder, 1, 300.0, seed=1,
+             wait_outages=((100.0, 160.0),))
+    lost = [(now, s) for now, s in recorder.seen if 100.0 <= now < 160.0]
+    assert [now for now, _ in lost] == [105.0, 120.0, 135.0, 150.0]
+    assert all(s.wait_quantile is None and s.observed_requests is None and s.requests_waiting is not None
+               and s.requests_running is not None for _, s in lost)
+    assert all(s.wait_quantile is not None for now, s in recorder.seen if not 100.0 <= now < 160.0)
+
+
+def test_the_blind_traces_lose_the_metric_at_each_onset():
+    blind = traces.blindburst()
+    onsets = [t for t in range(1, len(blind.rate)) if blind.rate[t] > 2.5 * blind.rate[t - 1]]
+    assert onsets == [1500, 3900, 6300, 8700]
+    spans = sorted(blind.wait_outages + blind.outages)
+    assert [onset - start for onset, (start, _) in zip(onsets, spans)] == [30.0, 0.0, 0.0, -20.0]
+    crowd = traces.blindcrowd()
+    assert crowd.wait_outages == ((2385.0, 2985.0),) and crowd.rate[2470] > 8 * crowd.rate[2380]
+
+
+def test_hpa_and_keda_hold_without_their_own_metric():
+    from bench.autoscaler.policies import Hpa, Keda
+    from chattts_operator.autoscaling import FleetSample
+
+    no_wait = FleetSample(time=15.0, wait_quantile=None, requests_running=30.0, requests_waiting=40.0)
+    assert Hpa(0.005, 1, 16).evaluate(15.0, 3, no_wait) == 3
+    assert Keda(5.0, 1, 16).evaluate(15.0, 3, no_wait) == 7  # its metric (waiting) answers: 8, +4 per 15 s

@@ -60,7 +60,7 @@ def test_load_limit_rejects_bad_input(slots, quantile):
         per_replica_load_limit(slots, quantile)
 
 
-# --- missing, stale, NaN: hold ----------------------------------------------------------
+# --- missing, stale, NaN with nothing else known: hold ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -69,12 +69,14 @@ def test_load_limit_rejects_bad_input(slots, quantile):
         ([], 3, "HoldMissingMetric"),
         ([sample(age=121.0)], 3, "HoldStaleMetric"),  # staleness 2m
         ([sample(age=-30.0)], 3, "HoldStaleMetric"),  # from the future: clock skew
-        ([sample(wait=float("nan"))], 3, "HoldInvalidMetric"),
-        ([sample(wait=None)], 3, "HoldInvalidMetric"),
+        # No wait and no queue gauges either: nothing is known (with the gauges: see below).
+        ([sample(wait=float("nan"), running=None)], 3, "HoldInvalidMetric"),
+        ([sample(wait=None, waiting=None)], 3, "HoldInvalidMetric"),
+        ([sample(wait=None, slots=None)], 3, "HoldInvalidMetric"),
         ([sample(wait=-0.001)], 3, "HoldInvalidMetric"),
-        ([sample(wait=float("inf"))], 3, "HoldInvalidMetric"),
+        ([sample(wait=float("inf"), running=None)], 3, "HoldInvalidMetric"),
         # NaN with an unknown request count (a Prometheus query): cannot tell idle from broken.
-        ([sample(wait=float("nan"), observed=None, running=0, waiting=0)], 3, "HoldInvalidMetric"),
+        ([sample(wait=float("nan"), observed=None, running=None, waiting=None)], 3, "HoldInvalidMetric"),
     ],
 )
 def test_bad_metrics_hold_replicas(samples, current, reason):

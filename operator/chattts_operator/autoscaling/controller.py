@@ -249,9 +249,11 @@ class Autoscaler:
             log.info("%s/%s: metric unavailable: %s", namespace, name, err)
         horizon = max(auto.window_seconds, auto.staleness_seconds)
         state.samples = [s for s in state.samples if now - s.time <= horizon]
-        # A sample without a wait (no pod had two scrapes yet) is no evidence: it is not kept,
-        # so the decision holds on older samples or says the metric is missing.
-        if sample is not None and (sample.wait_quantile is not None or sample.observed_requests is not None):
+        # A sample with neither a wait nor queue gauges is no evidence: it is not kept, so the
+        # decision holds on older samples (or their trend) or says the metric is missing. One with
+        # the gauges alone (no pod had two scrapes yet) is decided from the queue.
+        if sample is not None and (sample.wait_quantile is not None or sample.observed_requests is not None
+                                   or sample.demand is not None):
             state.samples.append(sample)
 
         raw_status = (body.get("status") or {}).get("autoscaling")

@@ -23,8 +23,15 @@ is computed, because the metric is a queueing delay and not a utilization:
 - Without queue metrics (e.g. a Prometheus query returning only the wait) the decision
   falls back to HPA's ratio on the wait quantile.
 
-Missing, stale or NaN metrics hold the current replicas (only the min/max/cap clamp
-still applies), and pods that did not answer block scale-down, never scale-up.
+When the wait is missing or NaN but the queue gauges still answer (the histogram dropped,
+a recording rule broken), the decision runs on the queue alone: requests waiting for a slot
+mean the wait is above any target a step long, growth follows the sizing and the backlog as
+usual, and nothing is scaled down while the wait is unknown. When no sample is fresh at all,
+the demand's trend before the gap (kept in the history) is extrapolated at most one window
+ahead: a burst caught at its onset is still grown for; a flat or falling trend holds. Neither
+ever scales down. With neither gauges nor a trend, missing, stale or NaN metrics hold the
+current replicas (only the min/max/cap clamp still applies), and pods that did not answer
+block scale-down, never scale-up.
 """
 from __future__ import annotations
 
@@ -81,6 +88,14 @@ class History:
     # The capacity signal's unit: the engine's step time near the per-replica load limit,
     # learned from running / frames-per-second while the replicas run that loaded.
     step_seconds: float | None = None
+    # The demand's trend at the newest fresh sample: (time, requests in flight, growth per
+    # second, per-replica load limit); what a gap in the metrics is decided from.
+    # In memory only (not in status, not compared): a restarted operator relearns it.
+    trend: tuple[float, float, float, float] | None = field(default=None, compare=False)
+    # How long a request runs, by Little's law (running / starts per second), learned while the
+    # wait histogram answers: what sizes the arrivals through a cold start when it does not.
+    # In memory only, like the trend.
+    service_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,8 @@ class Decision:
     reason: str
     message: str
     metric_value: float | None
-    # False when the metric was missing/stale/NaN: the decision is a hold.
+    # False when the wait was missing/stale/NaN: the decision came from the queue gauges or the
+    # demand's trend before the gap (never a scale-down), or holds.
     metric_ok: bool
     # Why the result differs from the raw recommendation, if it does: "", "MinReplicas",
     # "MaxReplicas", "GPUShare", "ScaleUpPolicy", "ScaleDownPolicy", "Stabilized",
@@ -101,6 +117,9 @@ class Decision:
     # forecast records per minute. None when the metric held.
     sized: int | None = None
     forecast_floor: int | None = None
+    # With metric_ok False, what was wrong with the wait ("MissingMetric", "StaleMetric",
+    # "InvalidMetric"): the ScalingActive condition's reason, whatever was decided.
+    metric_problem: str = ""
 
 
 
@@ -230,6 +249,34 @@ def arrivals_in_flight(samples: Sequence[FleetSample], window_seconds: float) ->
     return last.requests_running * (starts + growth) / starts
 
 
+def learn_service_seconds(previous: float | None, samples: Sequence[FleetSample], window_seconds: float) -> float | None:
+    """How long a request runs: the running requests over the window's start rate (Little's law),
+    smoothed over evaluations like the step time. Unchanged without starts or gauges."""
+    usable = [s for s in samples if s.requests_running is not None]
+    last = samples[-1] if samples else None
+    if not usable or last is None or not last.observed_requests or window_seconds <= 0:
+        return previous
+    running = sum(s.requests_running for s in usable) / len(usable)
+    if running <= 0:
+        return previous
+    observed = running / (last.observed_requests / window_seconds)
+    return observed if previous is None else 0.8 * previous + 0.2 * observed
+
+
+def arrivals_by_service(samples: Sequence[FleetSample], service_seconds: float | None) -> float | None:
+    """``arrivals_in_flight`` without the window's start count (the wait histogram is missing):
+    the starts are the running requests over the learned service time, so the arrivals in flight
+    are the running requests plus the waiting queue's growth per second times that service time."""
+    if not samples or not service_seconds or service_seconds <= 0:
+        return None
+    first, last = samples[0], samples[-1]
+    if last.requests_running is None or last.requests_waiting is None or first.requests_waiting is None:
+        return None
+    span = last.time - first.time
+    growth = max(last.requests_waiting - first.requests_waiting, 0.0) / span if span > 0 else 0.0
+    return last.requests_running + growth * service_seconds
+
+
 # Sigmas of Poisson noise a fleet is grown to carry beyond its level (shrink_headroom keeps
 # SHRINK_SIGMAS): 1.5 is the largest tried (1.5, 2, 3) with no quick reversal anywhere.
 GROWTH_SIGMAS = 1.5
@@ -254,17 +301,25 @@ def shrink_headroom(level: float) -> float:
 
 
 def raw_recommendation(
-    spec: AutoscalingSpec, current: int, samples: Sequence[FleetSample], step_seconds: float | None = None
+    spec: AutoscalingSpec, current: int, samples: Sequence[FleetSample], step_seconds: float | None = None,
+    wait_known: bool = True, service_seconds: float | None = None,
 ) -> tuple[int, str, int | None]:
     """The unclamped replica count the metrics ask for, the why, and the sizing alone
     (what the load needs, None on the HPA fallback).
 
-    ``samples`` are the fresh samples of the evaluation window, oldest first."""
+    ``samples`` are the fresh samples of the evaluation window, oldest first. With
+    ``wait_known`` False (the newest sample has no wait, the queue gauges answer) the wait is
+    taken as above target while a request waits for a slot, and no scale-down is recommended."""
     latest = samples[-1]
     target = spec.target_seconds
     wait = latest.wait_quantile if _finite(latest.wait_quantile) else 0.0
     ratio = wait / target
     above = ratio > 1.0 + spec.tolerance
+    if not wait_known:
+        # A request waiting for a slot waits at least a whole request's share of a step: the
+        # wait is over any target near a step. No waiting request: the wait is unknown, not low.
+        above = (latest.requests_waiting or 0.0) >= 1.0
+        ratio = 1.0
     demand = fleet_demand(samples)
     slots = latest.slots_per_replica
 
@@ -289,7 +344,10 @@ def raw_recommendation(
         # The sizing may be wrong (slots, routing): the backlog says what the Ready
         # replicas lack. Replicas still starting count as help on the way.
         ready = latest.ready_replicas
-        arrivals = arrivals_in_flight(samples, spec.window_seconds) if ready < current else None
+        arrivals = None
+        if ready < current:
+            arrivals = (arrivals_in_flight(samples, spec.window_seconds) if wait_known
+                        else arrivals_by_service(samples, service_seconds))
         if arrivals is not None:
             # Replicas are starting: the queue stuck on the Ready ones is the cold start's doing and
             # no added replica takes it; size for the arrivals (the crowd asked 16 where 10 carry it).
@@ -305,7 +363,9 @@ def raw_recommendation(
             recommended = max(math.ceil(max(demand[1], shrink_level, ahead) / limit - 1e-9), backlog)
         if recommended <= current and ready >= current:
             recommended = current + 1
-        return max(recommended, current), f"wait {format_duration(wait)} above target; {why}", max(needed, 1)
+        said = f"wait {format_duration(wait)} above target" if wait_known else (
+            f"wait unknown, {latest.requests_waiting:.0f} request(s) waiting for a slot")
+        return max(recommended, current), f"{said}; {why}", max(needed, 1)
     # Grow to carry the level plus 1.5 sigma of its Poisson noise (shrinking keeps 3.5 sigma and
     # the tolerance: the band between them is the hysteresis). At a low load it holds a second
     # replica before a rise: a crowd that finds one Ready replica queues on it through a whole
@@ -417,7 +477,11 @@ def decide(
     (the load asks for half the replicas or fewer) takes the highest recommendation of
     ``deepDropWindow`` (1 min) instead of the scale-down window; True or None (unknown) keep it.
     While the wait is above target the recommendation covers the demand one evaluation ahead
-    (``demand_ahead``), or, while replicas are still starting, the arrivals (``arrivals_in_flight``)."""
+    (``demand_ahead``), or, while replicas are still starting, the arrivals (``arrivals_in_flight``).
+
+    Without the wait: the queue gauges decide when they answer (``raw_recommendation`` with
+    ``wait_known`` False; the arrivals by ``arrivals_by_service``); with no fresh sample, the
+    demand's trend before the gap (``History.trend``, ``_decide_blind``). Neither scales down."""
     if current_replicas < 0:
         raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
     if spec.max_replicas is None:
@@ -438,39 +502,40 @@ def decide(
     fresh = _fresh_samples(samples, now, spec.staleness_seconds)
     latest = fresh[-1] if fresh else None
     problem = None
+    wait_known = True
     if not samples:
         problem = ("HoldMissingMetric", "no metric sample yet")
     elif latest is None:
         age = now - samples[-1].time
         problem = ("HoldStaleMetric", f"newest sample is {format_duration(max(age, 0.0))} old (staleness {spec.staleness})")
     elif latest.wait_quantile is None or not math.isfinite(latest.wait_quantile):
-        if latest.observed_requests == 0 and latest.unreachable_replicas == 0:
+        if latest.observed_requests == 0 and latest.unreachable_replicas == 0 and not latest.demand:
             latest = FleetSample(**{**latest.__dict__, "wait_quantile": 0.0})  # idle: no request to wait
             fresh[-1] = latest
+        elif latest.demand is not None and _finite(latest.slots_per_replica) and latest.slots_per_replica > 0:
+            wait_known = False  # the queue gauges still answer: decide from them
         else:
             problem = ("HoldInvalidMetric", "wait quantile is missing or NaN")
     elif latest.wait_quantile < 0:
         problem = ("HoldInvalidMetric", f"wait quantile is negative ({latest.wait_quantile})")
 
     if problem is not None:
-        held, limited = clamp(current_replicas)
-        reason, message = problem
-        if held != current_replicas:
-            reason = "ScaleUp" if held > current_replicas else "ScaleDown"
-            message += f"; clamped to {limited}"
-        return Decision(
-            desired_replicas=held, reason=reason, message=message + "; holding replicas",
-            metric_value=None, metric_ok=False, limited_by=limited, raw_recommendation=None,
-            history=_record(history, now, None, current_replicas, held), forecast_floor=forecast_floor,
-        )
+        return _decide_blind(spec, current_replicas, history, now, problem, clamp, forecast_floor)
 
     assert latest is not None
     in_window = [s for s in fresh if now - s.time <= spec.window_seconds] or [latest]
     slots = latest.slots_per_replica
     if _finite(slots) and slots > 0:
         limit = per_replica_load_limit(slots, spec.quantile)
-        history = replace(history, step_seconds=learn_step_seconds(history.step_seconds, in_window, limit))
-    recommendation, why, sized = raw_recommendation(spec, current_replicas, in_window, history.step_seconds)
+        history = replace(history, step_seconds=learn_step_seconds(history.step_seconds, in_window, limit),
+                          trend=_trend(in_window, limit))
+    if wait_known:
+        history = replace(history, service_seconds=learn_service_seconds(
+            history.service_seconds, in_window, spec.window_seconds))
+    recommendation, why, sized = raw_recommendation(spec, current_replicas, in_window, history.step_seconds,
+                                                    wait_known=wait_known, service_seconds=history.service_seconds)
+    if not wait_known:
+        why = "wait metric missing, decided from the queue gauges: " + why
     if recommendation < current_replicas and latest.unreachable_replicas > 0:
         recommendation = current_replicas
         why += f"; {latest.unreachable_replicas} pod(s) did not answer: no scale-down"
@@ -521,10 +586,68 @@ def decide(
     elif limited_by:
         message += f"; limited by {limited_by}"
     return Decision(
-        desired_replicas=desired, reason=reason, message=message, metric_value=latest.wait_quantile,
-        metric_ok=True, limited_by=limited_by, raw_recommendation=recommendation,
+        desired_replicas=desired, reason=reason, message=message,
+        metric_value=latest.wait_quantile if wait_known else None,
+        metric_ok=wait_known, metric_problem="" if wait_known else "InvalidMetric",
+        limited_by=limited_by, raw_recommendation=recommendation,
         history=_record(history, now, recommendation, current_replicas, desired),
         sized=sized, forecast_floor=forecast_floor,
+    )
+
+
+def _trend(samples: Sequence[FleetSample], limit: float) -> tuple[float, float, float, float] | None:
+    """(time, requests in flight, growth per second, load limit) at the newest sample with gauges:
+    the growth between the two newest such samples, none with one."""
+    known = [s for s in samples if s.demand is not None]
+    if not known:
+        return None
+    newest = known[-1]
+    growth = 0.0
+    if len(known) >= 2 and newest.time > known[-2].time:
+        growth = (newest.demand - known[-2].demand) / (newest.time - known[-2].time)
+    return newest.time, newest.demand, growth, limit
+
+
+def _decide_blind(spec: AutoscalingSpec, current: int, history: History, now: float, problem: tuple[str, str],
+                  clamp, forecast_floor: int | None) -> Decision:
+    """No usable sample: grow for the demand's trend before the gap, extrapolated at most one
+    window past its newest sample (a burst caught at its onset); otherwise hold. Never shrinks
+    (only the min/max/cap clamp may lower the replicas)."""
+    reason, message = problem
+    metric_problem = reason.removeprefix("Hold")
+    trend = history.trend
+    recommendation = None
+    if trend is not None and now - trend[0] <= spec.staleness_seconds + spec.window_seconds:
+        at, demand, growth, limit = trend
+        ahead = demand + max(growth, 0.0) * min(now - at, spec.window_seconds)
+        needed = math.ceil(growth_headroom(ahead) / limit - 1e-9)
+        if needed > current and growth > 0:
+            recommendation = needed
+    if recommendation is None:
+        held, limited = clamp(current)
+        if held != current:
+            reason = "ScaleUp" if held > current else "ScaleDown"
+            message += f"; clamped to {limited}"
+        return Decision(
+            desired_replicas=held, reason=reason, message=message + "; holding replicas",
+            metric_value=None, metric_ok=False, metric_problem=metric_problem, limited_by=limited,
+            raw_recommendation=None, history=_record(history, now, None, current, held), forecast_floor=forecast_floor,
+        )
+    limited_value = _rate_limit(current, recommendation, now, history, spec.behavior.scale_up, up=True)
+    limited_by = "ScaleUpPolicy" if limited_value != recommendation else ""
+    desired, clamp_reason = clamp(limited_value)
+    limited_by = clamp_reason or limited_by
+    message += (f"; the demand was rising before the gap ({trend[1]:.1f} in flight, +{trend[2]:.2f}/s): "
+                f"recommended {recommendation} for it {format_duration(min(now - trend[0], spec.window_seconds))} "
+                f"ahead")
+    if limited_by:
+        message += f"; limited by {limited_by}"
+    return Decision(
+        desired_replicas=desired, reason="ScaleUp" if desired > current else ("ScaleDown" if desired < current
+                                                                              else reason),
+        message=message, metric_value=None, metric_ok=False, metric_problem=metric_problem, limited_by=limited_by,
+        raw_recommendation=recommendation, history=_record(history, now, recommendation, current, desired),
+        forecast_floor=forecast_floor,
     )
 
 

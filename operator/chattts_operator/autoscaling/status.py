@@ -74,7 +74,8 @@ def next_status(
 
     conditions = [
         _condition(previous.conditions, "ScalingActive", decision.metric_ok,
-                   "ValidMetric" if decision.metric_ok else decision.reason.removeprefix("Hold"),
+                   "ValidMetric" if decision.metric_ok else (decision.metric_problem
+                                                             or decision.reason.removeprefix("Hold")),
                    decision.message if not decision.metric_ok else "the metric is fresh and valid", stamp),
         _condition(previous.conditions, "AbleToScale", applied,
                    "SucceededRescale" if applied else "FailedUpdateScale",
