@@ -20,6 +20,23 @@ def upstream_greedy_processors(repetition_penalty: float = 1.05, num_code: int =
     return (*processors, upstream_greedy)
 
 
+def upstream_codes(up, text: str, speaker: str, frames: int, sample_text: str | None = None):
+    """Upstream's greedy audio codes for one code prompt (its own decorate, encode, embed, speaker, generate):
+    the prompt ids, the codes and the hidden states. ``sample_text``: upstream's ``txt_smp`` beside the text."""
+    chat = up.chat
+    num_vq = up.cfg.gpt.num_vq
+    prompts = chat.speaker.decorate_code_prompts([text], "[speed_5]", sample_text, speaker)
+    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq)
+    emb = chat.embed(input_ids, text_mask)
+    chat.speaker.apply(emb, speaker, input_ids, chat.tokenizer.spk_emb_ids, torch.device("cpu"))
+    result = next(chat.gpt.generate(
+        emb, input_ids, temperature=torch.ones(num_vq), eos_token=up.cfg.gpt.num_audio_tokens - 1,
+        attention_mask=attention_mask, max_new_token=frames, min_new_token=0,
+        logits_processors=upstream_greedy_processors(),
+        infer_text=False, return_hidden=True, stream=False, show_tqdm=False, ensure_non_empty=False))
+    return input_ids[0, :, 0].tolist(), result.ids[0].numpy(), result.hiddens[0].numpy()
+
+
 def run_reference(model, requests):
     """Every ``SynthesisRequest`` through the runtime's reference engine: ``[(codes, hidden)]``."""
     import asyncio  # noqa: PLC0415

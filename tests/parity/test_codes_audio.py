@@ -9,25 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from parity_helpers import run_reference, upstream_greedy_processors
+from parity_helpers import run_reference, upstream_codes
 
 TEXTS = ["hello world", "你好世界, 我们是语音合成", "chat tts: ok?"]
 FRAMES = 40
-
-
-def upstream_codes(up, text: str, speaker: str, frames: int):
-    chat = up.chat
-    num_vq = up.cfg.gpt.num_vq
-    prompts = chat.speaker.decorate_code_prompts([text], "[speed_5]", None, speaker)
-    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq)
-    emb = chat.embed(input_ids, text_mask)
-    chat.speaker.apply(emb, speaker, input_ids, chat.tokenizer.spk_emb_ids, torch.device("cpu"))
-    result = next(chat.gpt.generate(
-        emb, input_ids, temperature=torch.ones(num_vq), eos_token=up.cfg.gpt.num_audio_tokens - 1,
-        attention_mask=attention_mask, max_new_token=frames, min_new_token=0,
-        logits_processors=upstream_greedy_processors(),
-        infer_text=False, return_hidden=True, stream=False, show_tqdm=False, ensure_non_empty=False))
-    return input_ids[0, :, 0].tolist(), result.ids[0].numpy(), result.hiddens[0].numpy()
 
 
 @pytest.fixture(scope="module")

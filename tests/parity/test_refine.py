@@ -54,7 +54,7 @@ def test_refined_text_then_codes_equal_in_the_official_order(upstream_official_o
     ``[Stts]``/``[spk_emb]`` (ids below ``[break_0]``): refined text, then its code prompt alone and beside
     the voice sample (``txt_smp`` = the refined text, as upstream's long input) and the greedy codes of both
     (upstream's repetition penalty), against upstream."""
-    from parity_helpers import run_reference, upstream_greedy_processors
+    from parity_helpers import run_reference, upstream_codes
 
     from chattts_runtime.engines.base import SynthesisRequest
     from chattts_runtime.engines.refine import TextRefiner
@@ -72,20 +72,12 @@ def test_refined_text_then_codes_equal_in_the_official_order(upstream_official_o
     refined = chat.tokenizer.decode([kept[kept.less(chat.tokenizer.break_0_ids)]])[0]
     assert ours.text == refined and refined.strip()
     speaker = encode_speaker(torch.randn(up.cfg.gpt.hidden_size, generator=torch.Generator().manual_seed(9)).numpy())
-    num_vq, frames = up.cfg.gpt.num_vq, 24
+    frames = 24
     for sample in (None, refined):
-        prompts = chat.speaker.decorate_code_prompts([refined], "[speed_5]", sample, speaker)
-        input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq)
-        emb = chat.embed(input_ids, text_mask)
-        chat.speaker.apply(emb, speaker, input_ids, chat.tokenizer.spk_emb_ids, torch.device("cpu"))
-        result = next(chat.gpt.generate(
-            emb, input_ids, temperature=torch.ones(num_vq), eos_token=up.cfg.gpt.num_audio_tokens - 1,
-            attention_mask=attention_mask, max_new_token=frames, min_new_token=0,
-            logits_processors=upstream_greedy_processors(), infer_text=False, return_hidden=False, stream=False,
-            show_tqdm=False, ensure_non_empty=False))
+        up_ids, up_codes, _ = upstream_codes(up, refined, speaker, frames, sample_text=sample)
         prompt = model.tokenizer.build(ours.text, with_speaker=True, sample_text=sample or "")
-        assert list(prompt.input_ids) == input_ids[0, :, 0].tolist()
+        assert list(prompt.input_ids) == up_ids
         [(codes, _)] = run_reference(model, [SynthesisRequest("r", prompt.input_ids, model.speaker_for(speaker).numpy(),
                                                               SamplingParams(temperature=0, max_new_frames=frames))])
         assert len(codes) > 0
-        np.testing.assert_array_equal(codes, result.ids[0].numpy())
+        np.testing.assert_array_equal(codes, up_codes)
