@@ -88,13 +88,16 @@ async def codes_for(dtype_name: str, args, checkpoint: Path, device: str):
     model = load_chattts(checkpoint, device=device, dtype=getattr(torch, dtype_name))
     cls = GraphEngine if args.engine == "graph" else ReferenceEngine
     engine = cls(model, max_num_seqs=len(PROMPTS), max_waiting=4096, max_model_len=args.max_model_len)
+    return model, await both_modes(engine, model, args.frames)
+
+
+async def both_modes(engine, model, frames: int) -> dict[str, list[np.ndarray]]:
+    """Every prompt's codes, greedy and seeded, from ``engine`` (started here, stopped after)."""
     await engine.start()
     try:
-        out = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
-               for mode in ("greedy", "seeded")}
+        return {mode: await generate(engine, model, frames, greedy=mode == "greedy") for mode in ("greedy", "seeded")}
     finally:
         await engine.stop()
-    return model, out
 
 
 def log_mel(audio, sample_rate: int = 24_000, n_fft: int = 1024, hop: int = 256, n_mels: int = 100):

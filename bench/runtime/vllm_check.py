@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.runtime.__main__ import RESULTS, make_checkpoint
-from bench.runtime.dtype_agreement import PROMPTS, compare, generate, summarize
+from bench.runtime.dtype_agreement import PROMPTS, both_modes, compare, generate, summarize
 
 REFINE_TOKENS = 24  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
 REFINE_PROMPTS = 8  # the first prompts refined (the reference refiner runs one prompt at a time)
@@ -179,12 +179,7 @@ async def main_async(args, save=lambda report: None) -> dict:
         print(f"reference: read from {kept}", flush=True)
     else:
         engine = ReferenceEngine(model, max_num_seqs=len(PROMPTS), max_waiting=4096, max_model_len=args.max_model_len)
-        await engine.start()
-        try:
-            reference = {mode: await generate(engine, model, args.frames, greedy=mode == "greedy")
-                         for mode in ("greedy", "seeded")}
-        finally:
-            await engine.stop()
+        reference = await both_modes(engine, model, args.frames)
         refiner, prompts, sampling = refine_prompts(model, args.max_model_len)
         reference_refine = [list(refiner.generate(p, sampling)) for p in prompts]
         earlier = {}
