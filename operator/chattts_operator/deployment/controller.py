@@ -404,11 +404,18 @@ class DeploymentController:
         body = self.bodies.get(key)
         if body is None:
             return  # gone meanwhile
-        self._slots.setdefault(key, _Slot()).upstream = answer
+        slot = self._slots.setdefault(key, _Slot())
+        before, slot.upstream = slot.upstream, answer
         new = upstream_data_condition(answer, 0)
         live = next((c for c in (body.get("status") or {}).get("conditions") or []
                      if c.get("type") == "UpstreamData"), {})
-        if any(live.get(f) != new[f] for f in ("status", "reason", "message")):
+        said = upstream_data_condition(before, 0) if before is not None else None
+
+        def differs(old: dict[str, Any] | None) -> bool:
+            return old is None or any(old.get(f) != new[f] for f in ("status", "reason", "message"))
+
+        # The same answer again while its status write still waits reconciles nothing more.
+        if differs(live) and differs(said):
             if new["status"] != "True":
                 log.info("%s/%s: UpstreamData %s %s: %s", *key, new["status"], new["reason"], new["message"])
             self._reconcile_soon(key, "upstream-data")
