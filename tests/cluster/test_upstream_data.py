@@ -74,9 +74,8 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, operators, health_server):
     kubectl = crds.kubectl
-    op = operators()
+    op = operators(upstream_data_interval_seconds="1")
     op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
-    op.env["CHATTTS_OPERATOR_UPSTREAM_DATA_INTERVAL_SECONDS"] = "1"
     op.start()
     apply(kubectl, namespace, ctd("voice", replicas=0))
 

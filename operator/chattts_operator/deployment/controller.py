@@ -167,7 +167,8 @@ class DeploymentController:
         a server-side label selector, not kopf's client-side one)."""
         self.started_at = time.time()
         self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
-        self._tasks.append(asyncio.create_task(self.upstream_forever(), name="chattts-upstream-data"))
+        if self.settings.upstream_data_interval_seconds > 0:
+            self._tasks.append(asyncio.create_task(self.upstream_forever(), name="chattts-upstream-data"))
         self.cache = self._new_cache(tuple(namespaces))
         self._tasks += self.cache.start()
 
@@ -213,7 +214,7 @@ class DeploymentController:
             key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
-        if kind == "Pod" and event_type != "DELETED" and pod_ready(obj):
+        if kind == "Pod" and event_type != "DELETED" and pod_ready(obj) and self.settings.upstream_data_interval_seconds:
             slot = self._slots.get(key)
             asked = slot.upstream.pod if slot is not None and slot.upstream is not None else None
             if self._upstream_pod(key) != asked:

@@ -282,7 +282,8 @@ def compute_status(
         # Not asked yet by this process (it just started): what an earlier one found stands.
         kept = next((c for c in previous.get("conditions") or [] if c.get("type") == "UpstreamData"), None)
         conditions.append(kept or condition("UpstreamData", "Unknown", "NotChecked",
-                                            "no serving pod asked yet", generation=gen))
+                                            "no serving pod asked yet (the operator asks one Ready pod's /health "
+                                            "every upstream_data_interval_seconds; 0: never)", generation=gen))
     if unprotected:
         conditions.append(condition("Protected", False, PROTECTION_NOT_APPLIED, _protection_message(observed),
                                     generation=gen))
