@@ -3,10 +3,15 @@ condition; it never changes Ready, Degraded or phase. And the pods' address the 
 shares with the autoscaler's scrape (core/podhttp.py)."""
 from __future__ import annotations
 
+import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
-from chattts_operator.core.podhttp import pod_url
+from chattts_operator.core.podhttp import PodHttp, PodHttpError, pod_url
 from chattts_operator.deployment.status import HealthAnswer, Observed, compute_status, transitions, upstream_data_condition
+from tests.support import free_port
 from tests.unit.test_operator_reconcile import T0, T1, desired_of, live_deployment, obj
 
 FOUND = {"homophones": "/models/chattts/homophones_map.json", "speaker_stats": "/models/chattts/asset/spk_stat.pt",
@@ -97,3 +102,44 @@ def test_the_health_url_shares_the_autoscalers_pod_address():
     assert pod_url(v6, "/health", scheme="http", port=8000, allow_annotation=True) == "http://[fd00::5]:8000/health"
     assert pod_url({"metadata": {"name": "p"}, "status": {}}, "/health", scheme="http", port=8000,
                    allow_annotation=False) is None
+
+
+class _Answers(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        code, body = {"/health": (200, b'{"status": "ok", "upstream_data": {"missing": []}}'),
+                      "/broken": (500, b"oops"), "/text": (200, b"not json")}.get(self.path, (404, b""))
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_get_json_over_loopback_and_its_errors():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    closed = f"http://127.0.0.1:{free_port()}/health"
+
+    async def run():
+        http = PodHttp(allow_annotation=False)
+        try:
+            answers = [await http.get_json(base + "/health", 2)]
+            for url in (base + "/broken", base + "/text", closed):
+                with pytest.raises(PodHttpError) as err:
+                    await http.get_json(url, 2)
+                answers.append(str(err.value))
+            return answers
+        finally:
+            await http.close()
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answers[0] == {"status": "ok", "upstream_data": {"missing": []}}
+    assert answers[1] == f"{base}/broken: HTTP 500"
+    assert answers[2].startswith(f"{base}/text: ") and answers[3].startswith(f"{closed}: ")
