@@ -72,45 +72,50 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, operators, health_server):
+def upstream(kubectl, namespace: str, status: str) -> dict[str, Any] | None:
+    obj = get(kubectl, namespace, "ctd", "voice")
+    c = conditions(obj).get("UpstreamData")
+    return obj if c and c["status"] == status else None
+
+
+def ready_pod(kubectl, namespace: str, not_this: str | None = None) -> str | None:
+    pods = get(kubectl, namespace, "pods", "-l", f"{INSTANCE}=voice")["items"]
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp") or pod["metadata"]["name"] == not_this:
+            continue
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or []):
+            assert METRICS_URL_ANNOTATION in pod["metadata"].get("annotations", {})
+            return pod["metadata"]["name"]
+    return None
+
+
+def serve_from_loopback(kubectl, namespace: str, url: str) -> str:
+    """Scale ChatTTSDeployment voice (at 0) to one pod that carries the loopback address from its
+    first moment (a pod template annotation of the test's own field manager, which the operator's
+    apply leaves alone): no question goes to a kwok pod's made-up IP. Its name, once Ready."""
+    wait_until(lambda: kubectl("get", "deploy", "voice", "-n", namespace, check=False).returncode == 0,
+               "the Deployment", timeout=60)
+    kubectl("patch", "deploy", "voice", "-n", namespace, "--type=merge", "-p", json.dumps(
+        {"spec": {"template": {"metadata": {"annotations": {METRICS_URL_ANNOTATION: f"{url}/metrics"}}}}}))
+    kubectl("patch", "ctd", "voice", "-n", namespace, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
+    return wait_until(lambda: ready_pod(kubectl, namespace), "a Ready serving pod", timeout=120)
+
+
+def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, health_server, operators):
     kubectl = crds.kubectl
     op = operators(upstream_data_interval_seconds="1")
     op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
     op.start()
     apply(kubectl, namespace, ctd("voice", replicas=0))
 
-    def upstream(status: str):
-        obj = get(kubectl, namespace, "ctd", "voice")
-        c = conditions(obj).get("UpstreamData")
-        return obj if c and c["status"] == status else None
-
     # No pod to ask: Unknown.
-    obj = wait_until(lambda: upstream("Unknown"), "UpstreamData=Unknown", timeout=60)
+    obj = wait_until(lambda: upstream(kubectl, namespace, "Unknown"), "UpstreamData=Unknown", timeout=60)
     assert conditions(obj)["UpstreamData"]["reason"] in ("NotChecked", "NoReadyPod")
     wait_until(lambda: conditions(get(kubectl, namespace, "ctd", "voice"))["UpstreamData"]["reason"] == "NoReadyPod",
                "UpstreamData=Unknown/NoReadyPod", timeout=30)
-    # The pods carry the loopback address from their first moment (a pod template annotation of the
-    # test's own field manager, which the operator's apply leaves alone): no question goes to a pod IP.
-    wait_until(lambda: kubectl("get", "deploy", "voice", "-n", namespace, check=False).returncode == 0,
-               "the Deployment", timeout=60)
-    kubectl("patch", "deploy", "voice", "-n", namespace, "--type=merge", "-p", json.dumps(
-        {"spec": {"template": {"metadata": {"annotations": {
-            METRICS_URL_ANNOTATION: f"{health_server.url}/metrics"}}}}}))
-    kubectl("patch", "ctd", "voice", "-n", namespace, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
+    pod = serve_from_loopback(kubectl, namespace, health_server.url)
 
-    def ready_pod() -> str | None:
-        pods = get(kubectl, namespace, "pods", "-l", f"{INSTANCE}=voice")["items"]
-        for pod in pods:
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or []):
-                assert METRICS_URL_ANNOTATION in pod["metadata"].get("annotations", {})
-                return pod["metadata"]["name"]
-        return None
-
-    pod = wait_until(ready_pod, "a Ready serving pod", timeout=120)
-
-    obj = wait_until(lambda: upstream("False"), "UpstreamData=False", timeout=60)
+    obj = wait_until(lambda: upstream(kubectl, namespace, "False"), "UpstreamData=False", timeout=60)
     c = conditions(obj)
     assert c["UpstreamData"]["reason"] == "UpstreamDataMissing"
     assert f"pod {pod} did not find normalizer_en" in c["UpstreamData"]["message"]
@@ -122,7 +127,7 @@ def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, operato
 
     # The runtime now finds everything (e.g. a new image): the next question says so.
     health_server.missing = []
-    obj = wait_until(lambda: upstream("True"), "UpstreamData=True", timeout=60)
+    obj = wait_until(lambda: upstream(kubectl, namespace, "True"), "UpstreamData=True", timeout=60)
     c = conditions(obj)
     assert c["UpstreamData"]["reason"] == "Found" and c["Ready"]["status"] == "True"
 
@@ -131,3 +136,22 @@ def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, operato
     asked = health_server.asked
     wait_until(lambda: health_server.asked >= asked + 3, "three more questions", timeout=30)
     assert get(kubectl, namespace, "ctd", "voice")["metadata"]["resourceVersion"] == version
+
+
+def test_a_pod_that_becomes_ready_is_asked_at_once(crds, namespace, health_server, operators):
+    """No periodic pass within the test (the interval is 10 minutes): a pod becoming Ready is the trigger."""
+    kubectl = crds.kubectl
+    op = operators(upstream_data_interval_seconds="600")
+    op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
+    op.start()
+    apply(kubectl, namespace, ctd("voice", replicas=0))
+    pod = serve_from_loopback(kubectl, namespace, health_server.url)
+    obj = wait_until(lambda: upstream(kubectl, namespace, "False"), "UpstreamData=False", timeout=30)
+    assert f"pod {pod} did not find normalizer_en" in conditions(obj)["UpstreamData"]["message"]
+
+    # The pod is replaced (say, by a rollout of a fixed image): its successor, once Ready, is asked.
+    health_server.missing = []
+    kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+    wait_until(lambda: ready_pod(kubectl, namespace, not_this=pod), "the next pod Ready", timeout=120)
+    obj = wait_until(lambda: upstream(kubectl, namespace, "True"), "UpstreamData=True", timeout=30)
+    assert conditions(obj)["UpstreamData"]["reason"] == "Found"

@@ -217,8 +217,9 @@ class DeploymentController:
         if kind == "Pod" and event_type != "DELETED" and pod_ready(obj) and self.settings.upstream_data_interval_seconds:
             slot = self._slots.get(key)
             asked = slot.upstream.pod if slot is not None and slot.upstream is not None else None
-            if self._upstream_pod(key) != asked:
-                self._ask_upstream_later(key)
+            newest = self._upstream_pod(key)
+            if newest is not None and newest["metadata"]["name"] != asked:
+                self._ask_upstream_later(key)  # another pod is the one to ask (first Ready, a rollout's)
         if event_type == "DELETED" and kind not in ("Pod", "ReplicaSet"):  # a pruned revision is routine
             # Owner references collect the children of a deleted object; a deletion that kopf's
             # watch never delivered (it relisted after a disconnect, and a relist reports no
@@ -388,7 +389,8 @@ class DeploymentController:
 
     async def ask_upstream(self, key: Key) -> None:
         """Ask the object's newest Ready pod's /health which upstream data it found; reconcile the
-        object only when the answer changes its UpstreamData condition. Never raises."""
+        object only when the answer changes its UpstreamData condition. A pod that cannot be read
+        is an answer (Unknown), not an error."""
         pod = self._upstream_pod(key)
         if pod is None:
             answer = HealthAnswer(pod=None)
