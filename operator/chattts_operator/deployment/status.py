@@ -83,8 +83,8 @@ def upstream_data_condition(answer: HealthAnswer, gen: int) -> dict[str, Any]:
         return condition("UpstreamData", False, "UpstreamDataMissing",
                          f"pod {answer.pod} did not find {', '.join(missing)} ({effects}); speech works, not as "
                          "upstream's: the pod's log says where it looked"[:1024], generation=gen)
-    return condition("UpstreamData", True, "Found", "the serving pods found the homophone table, speaker "
-                     "statistics and language normalizers their config asks for", generation=gen)
+    return condition("UpstreamData", True, "Found", "the newest Ready serving pod found the homophone table, "
+                     "speaker statistics and language normalizers its config asks for", generation=gen)
 
 
 def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
