@@ -21,6 +21,7 @@ from chattts_operator.autoscaling.controller import Autoscaler
 from chattts_operator.core import clock, metrics
 from chattts_operator.core.heap import HeapCollector
 from chattts_operator.core.kube import Kube, make_api_client
+from chattts_operator.core.podhttp import PodHttp
 from chattts_operator.core.labels import PERSISTENCE_PREFIX
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.controller import DeploymentController
@@ -52,6 +53,7 @@ class App:
     deployments: DeploymentController
     share_policies: SharePolicyController
     autoscaler: Autoscaler
+    pod_http: PodHttp | None = None  # the one client of the pods' endpoints (both controllers')
     metrics_server: Any = None
     loop_lag: asyncio.Task | None = None  # core/metrics.py watch_loop_lag
     heap: HeapCollector | None = None
@@ -86,6 +88,8 @@ class App:
             self.heap.uninstall()
         await self.autoscaler.stop()
         await self.deployments.stop()
+        if self.pod_http is not None:
+            await self.pod_http.close()
         await self.kube.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
@@ -99,13 +103,15 @@ async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...
     configure_kopf(kopf_settings)
     settings = settings or OperatorSettings.from_env()
     kube = Kube(await make_api_client())
-    deployments = DeploymentController(kube, settings)
+    pod_http = PodHttp(settings.autoscaler.metrics_url_annotation)
+    deployments = DeploymentController(kube, settings, http=pod_http)
     app = App(
         settings=settings,
         kube=kube,
         deployments=deployments,
         share_policies=SharePolicyController(kube, settings, clock=clock.now),
-        autoscaler=Autoscaler(kube, settings, deployments=deployments),
+        autoscaler=Autoscaler(kube, settings, deployments=deployments, http=pod_http),
+        pod_http=pod_http,
     )
     deployments.start(tuple(namespaces or settings.watch_namespaces))
     app.autoscaler.start()

@@ -12,8 +12,10 @@ INSTANCE = "app.kubernetes.io/instance"
 MANAGED = "app.kubernetes.io/managed-by=chattts-operator"
 CHILD_KINDS = ("deployments", "configmaps", "services", "poddisruptionbudgets")
 # Operator settings of the tests' operator processes: the MIG profiles the simulated nodes
-# (hack/cluster) offer, and an image name no kubelet pulls.
-OPERATOR_SETTINGS = {"mig_profiles": "1g.18gb,2g.35gb,3g.71gb", "runtime_image": "chattts-runtime:test"}
+# (hack/cluster) offer, an image name no kubelet pulls, and no /health questions to kwok pods'
+# made-up IPs (test traffic goes to loopback only: test_upstream_data.py turns them on).
+OPERATOR_SETTINGS = {"mig_profiles": "1g.18gb,2g.35gb,3g.71gb", "runtime_image": "chattts-runtime:test",
+                     "upstream_data_interval_seconds": "0"}
 
 
 def apply(kubectl, namespace: str, *objs: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ def own_namespace(own_cluster, request) -> str:
 def operator(own_cluster, own_namespace, tmp_path):
     # --verbose: kopf logs watch-stream restarts after 410 Gone at DEBUG level.
     op = OperatorProcess(own_cluster.kubeconfig, tmp_path, namespaces=(own_namespace,), verbose=True,
-                         resync_interval_seconds="30").start()
+                         resync_interval_seconds="30", upstream_data_interval_seconds="0").start()
     yield op
     op.stop()
     print(f"--- operator log ---\n{op.log_tail(40)}")

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from chattts_operator.api.autoscaling import AutoscalingSpec
 from chattts_operator.autoscaling.signals import MetricError, query_prometheus
 from chattts_operator.autoscaling.controller import Autoscaler
+from chattts_operator.core.podhttp import PodHttp
 from tests.support import free_port
 
 PROMETHEUS = shutil.which("prometheus")
@@ -118,14 +119,13 @@ def _spec(url: str, **prometheus) -> AutoscalingSpec:
 
 def _sample(spec: AutoscalingSpec, name: str, namespace: str):
     scaler = Autoscaler.__new__(Autoscaler)  # only the HTTP session is used on this path
-    scaler._http = None
+    scaler.http = PodHttp(allow_annotation=False)
 
     async def run():
         try:
             return await scaler._prometheus_sample(name, namespace, spec, time.time())
         finally:
-            if scaler._http is not None:
-                await scaler._http.close()
+            await scaler.http.close()
 
     return asyncio.run(run())
 

@@ -16,11 +16,12 @@ but pods and metrics. Nothing blocks the event loop: kubernetes_asyncio and aioh
 Per-object memory: the pods' recent scrapes and fleet samples. The decision history
 also lives in status, so a restarted operator keeps its stabilization windows.
 
-For tests and development only: with ``settings.autoscaler.metrics_url_annotation``
-(CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION=1) a
-pod annotation ``tts.chattts.io/metrics-url`` overrides the pod's metrics address (the
-cluster tests map kwok pods to runtime processes on loopback this way). Off by default:
-anyone who may annotate pods could otherwise point the operator at any URL.
+The pods' addresses and the HTTP session are core/podhttp.py's (shared with the deployment
+controller's /health question): for tests and development only, with
+``settings.autoscaler.metrics_url_annotation`` (CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION=1) a
+pod annotation ``tts.chattts.io/metrics-url`` names the pod's address (the cluster tests map
+kwok pods to runtime processes on loopback this way). Off by default: anyone who may annotate
+pods could otherwise point the operator at any URL.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from chattts_operator.autoscaling.status import history_from_status, next_status
 from chattts_operator.autoscaling.tuning import TuningDecision, tune_batch_tokens
 from chattts_operator.core.kube import Kube, is_newer
 from chattts_operator.core.metrics import AUTOSCALER
+from chattts_operator.core.podhttp import PodHttp, pod_ready, pod_url
 from chattts_operator.core.labels import AUTOSCALER_FIELD_MANAGER, METRICS_URL_ANNOTATION, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import deployment_name
@@ -64,29 +66,15 @@ def autoscaling_enabled(body: dict) -> bool:
     return bool(((body.get("spec") or {}).get("autoscaling") or {}).get("enabled"))
 
 
-def _ready(pod: dict) -> bool:
-    if pod.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def pod_metrics_urls(pods: list[dict], spec: AutoscalingSpec, allow_annotation: bool) -> dict[str, str]:
     """Ready pod name -> metrics URL (pod IP and the configured port/path)."""
     source = spec.metrics.pods
     urls = {}
     for pod in pods:
-        if not _ready(pod):
-            continue
-        meta = pod["metadata"]
-        override = (meta.get("annotations") or {}).get(METRICS_URL_ANNOTATION)
-        if allow_annotation and override:
-            urls[meta["name"]] = override
-            continue
-        ip = pod.get("status", {}).get("podIP")
-        if ip:
-            host = f"[{ip}]" if ":" in ip else ip
-            urls[meta["name"]] = f"{source.scheme}://{host}:{source.port}{source.path}"
+        if pod_ready(pod):
+            url = pod_url(pod, source.path, scheme=source.scheme, port=source.port, allow_annotation=allow_annotation)
+            if url:
+                urls[pod["metadata"]["name"]] = url
     return urls
 
 
@@ -115,7 +103,8 @@ class _ObjectState:
 class Autoscaler:
     """Holds the autoscaled objects seen by the watch and evaluates them every interval."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, deployments: DeploymentController | None = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, deployments: DeploymentController | None = None,
+                 http: PodHttp | None = None) -> None:
         self.kube = kube
         self.settings = settings
         # The deployment controller, to roll out a tuned engine setting at once rather than at
@@ -127,7 +116,9 @@ class Autoscaler:
         self.states: dict[str, _ObjectState] = {}
         self.last_pass: float | None = None
         self._limit = asyncio.Semaphore(settings.autoscaler.concurrency)
-        self._http = None
+        # The app's client of the pods (shared with the deployment controller), else one of its own.
+        self._own_http = http is None
+        self.http = http or PodHttp(self.allow_url_annotation)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -164,9 +155,9 @@ class Autoscaler:
             self.bodies[key] = body
 
     async def close(self) -> None:
-        """The metrics HTTP session (the Kubernetes client is the app's)."""
-        if self._http is not None:
-            await self._http.close()
+        """The metrics HTTP session, when it is this autoscaler's own (the app closes a shared one)."""
+        if self._own_http:
+            await self.http.close()
 
     async def run_forever(self) -> None:
         while True:
@@ -189,18 +180,11 @@ class Autoscaler:
                 meta = body.get("metadata", {})
                 log.exception("autoscaling %s/%s failed", meta.get("namespace"), meta.get("name"))
 
-    async def _session(self):
-        if self._http is None or self._http.closed:
-            import aiohttp  # noqa: PLC0415
-
-            self._http = aiohttp.ClientSession()
-        return self._http
-
     async def _pods_sample(self, state: _ObjectState, name: str, namespace: str, spec: AutoscalingSpec,
                            slots: float, now: float) -> FleetSample | None:
         pods = await self.kube.list("Pod", namespace, selector_string(name))
         urls = pod_metrics_urls(pods, spec, self.allow_url_annotation)
-        scrapes, errors = await scrape_pods(await self._session(), urls, spec.metrics.pods.timeout_seconds, now)
+        scrapes, errors = await scrape_pods(await self.http.session(), urls, spec.metrics.pods.timeout_seconds, now)
         for pod, scrape in scrapes.items():
             state.scrapes.setdefault(pod, []).append(scrape)
         prune_history(state.scrapes, scrapes.keys(), now, keep=spec.window_seconds + 2 * self.interval)
@@ -219,7 +203,7 @@ class Autoscaler:
         selector = f'pod=~"{deployment_name(name)}-[a-z0-9]+-[a-z0-9]+"'
         query = source.render_query(namespace=namespace, name=name, window=spec.window,
                                     quantile=spec.quantile, selector=selector)
-        result = await query_prometheus(await self._session(), source.url, query, source.timeout_seconds)
+        result = await query_prometheus(await self.http.session(), source.url, query, source.timeout_seconds)
         if result is None:
             return None
         value, at = result

@@ -118,6 +118,11 @@ class OperatorSettings(BaseModel):
     gc_thaw_seconds: float = Field(
         3600.0, gt=0, description="With gc_freeze_survivors: unfreeze everything this often, so one full "
         "collection frees reference cycles that became garbage while frozen.")
+    upstream_data_interval_seconds: float = Field(
+        60.0, ge=0, description="Ask one Ready serving pod per ChatTTSDeployment this often (and when a pod "
+        "becomes Ready) which upstream data it found (its /health): the UpstreamData condition. 0: never ask "
+        "(the condition stays Unknown/NotChecked).")
+    upstream_data_timeout_seconds: float = Field(2.0, gt=0, le=30, description="That question's HTTP timeout.")
     utilization_warning: float = Field(0.9, gt=0, le=1, description="Warn above this gpuMemoryUtilization.")
     api_key_secret_check: bool = Field(
         False, description="Get spec.auth's Secret (its metadata only) so status can say SecretNotFound; needs "

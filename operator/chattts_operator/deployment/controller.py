@@ -14,13 +14,18 @@ nothing the generation does not):
    server-side apply only those that differ (missing, our intent hash changed, or a field we
    own was edited by hand); delete our NetworkPolicy once spec.networkPolicy is gone or
    disabled (nothing else collects it while the owner lives);
-3. compute status (with the pods' own reasons when replicas are not ready) and, when it
+3. compute status (with the pods' own reasons when replicas are not ready, and the
+   UpstreamData condition from the last answer of a Ready pod's /health) and, when it
    differs, queue it: one writer per object patches the newest queued status, at most
    ``status_coalesce_seconds`` later and once a low-priority request slot is free (core/kube.py
    ``Priority``), so child applies go first and the quick steps of a rollout (created,
    scheduled, Ready) are written once.
 
-So a resync of an unchanged object makes no request at all. Reconciles of one object never
+So a resync of an unchanged object makes no request at all. Which upstream data the pods found
+(the runtime's /health ``upstream_data``) is asked apart from the reconcile, of the newest Ready
+pod per object, every ``upstream_data_interval_seconds`` and when another pod becomes the one to
+ask (aiohttp, a short timeout, core/podhttp.py's client shared with the autoscaler); only an
+answer that changes the condition reconciles the object. Reconciles of one object never
 overlap (a lock per object) and pile-ups collapse: while one runs, any number of triggers
 for the same object become one follow-up run.
 """
@@ -47,10 +52,12 @@ from chattts_operator.core import metrics
 from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions, replace_condition
 from chattts_operator.core.kube import Kube, NodeGpuCache, is_newer
+from chattts_operator.core.podhttp import PodHttp, PodHttpError, pod_ready
 from chattts_operator.core.labels import FIELD_MANAGER, LABEL_INSTANCE, MANAGED_SELECTOR, selector_labels, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import (
+    HTTP_PORT,
     Owner,
     build_resource_claim_template,
     mounted_configmap,
@@ -80,12 +87,14 @@ from chattts_operator.deployment.status import (
     SECRET_FOUND,
     SECRET_MISSING,
     SECRET_UNCHECKED,
+    HealthAnswer,
     Observed,
     compute_status,
     rollout_complete,
     status_changed,
     transitions,
     unschedulable_message,
+    upstream_data_condition,
 )
 
 log = logging.getLogger("chattts_operator")
@@ -122,12 +131,17 @@ class _Slot:
     change_built_at: float | None = None  # when that reconcile had its desired state
     # A child vanished: before anything is re-created, make sure the owner itself still exists.
     verify_owner: bool = False
+    upstream: HealthAnswer | None = None  # the last /health answer (status's UpstreamData); None: not asked
 
 
 class DeploymentController:
-    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, http: PodHttp | None = None) -> None:
         self.kube = kube
         self.settings = settings
+        # The app's client of the pods' endpoints (shared with the autoscaler), else one of its own.
+        self._own_http = http is None
+        self.http = http or PodHttp(settings.autoscaler.metrics_url_annotation)
+        self._upstream_asks: dict[Key, asyncio.Task] = {}  # one /health question waiting per object at most
         self.nodes = NodeGpuCache(kube, settings.node_memory_label)
         self.gpu_codec = GpuCodec.from_settings(settings)
         self.bodies: dict[Key, dict[str, Any]] = {}  # last seen object per key (from the watch)
@@ -153,6 +167,8 @@ class DeploymentController:
         a server-side label selector, not kopf's client-side one)."""
         self.started_at = time.time()
         self._tasks.append(asyncio.create_task(self.resync_forever(), name="chattts-resync"))
+        if self.settings.upstream_data_interval_seconds > 0:
+            self._tasks.append(asyncio.create_task(self.upstream_forever(), name="chattts-upstream-data"))
         self.cache = self._new_cache(tuple(namespaces))
         self._tasks += self.cache.start()
 
@@ -161,7 +177,7 @@ class DeploymentController:
                           slimmers={"ReplicaSet": replicaset_revision})
 
     async def stop(self) -> None:
-        for task in [*self._rechecks.values(), *self._child_events.values()]:
+        for task in [*self._rechecks.values(), *self._child_events.values(), *self._upstream_asks.values()]:
             task.cancel()
         for slot in self._slots.values():
             if slot.status_writer is not None:
@@ -171,6 +187,8 @@ class DeploymentController:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._own_http:
+            await self.http.close()
 
     def probe(self) -> float:
         """Seconds since the last full resync pass; raises (the liveness endpoint answers 500)
@@ -196,6 +214,12 @@ class DeploymentController:
             key = pod_owner_key(obj) if kind == "Pod" else owner_key(obj)
         if key is None or key not in self.bodies:
             return  # not ours, or its owner is not known yet (its first event reconciles it)
+        if kind == "Pod" and event_type != "DELETED" and pod_ready(obj) and self.settings.upstream_data_interval_seconds:
+            slot = self._slots.get(key)
+            asked = slot.upstream.pod if slot is not None and slot.upstream is not None else None
+            newest = self._upstream_pod(key)
+            if newest is not None and newest["metadata"]["name"] != asked:
+                self._ask_upstream_later(key)  # another pod is the one to ask (first Ready, a rollout's)
         if event_type == "DELETED" and kind not in ("Pod", "ReplicaSet"):  # a pruned revision is routine
             # Owner references collect the children of a deleted object; a deletion that kopf's
             # watch never delivered (it relisted after a disconnect, and a relist reports no
@@ -327,6 +351,78 @@ class DeploymentController:
             self.nodes.invalidate()
             await self.resync_once()
 
+    # --- which upstream data the pods found (UpstreamData) ------------------------------------
+
+    async def upstream_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.upstream_data_interval_seconds)
+            semaphore = asyncio.Semaphore(self.settings.resync_concurrency)
+
+            async def one(key: Key) -> None:
+                async with semaphore:
+                    try:
+                        await self.ask_upstream(key)
+                    except Exception:  # noqa: BLE001 - one object's question must not stop the loop
+                        log.exception("asking %s/%s's pods for their upstream data failed", *key)
+
+            await asyncio.gather(*(one(key) for key in list(self.bodies)))
+
+    def _upstream_pod(self, key: Key) -> dict[str, Any] | None:
+        """The pod to ask: the newest Ready serving pod (a rollout's new config first), from the cache."""
+        ready = [p for p in self.cache.items("Pod", key[0], selector_labels(key[1])) if pod_ready(p)]
+        return max(ready, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
+                   default=None)
+
+    def _ask_upstream_later(self, key: Key, delay: float = CHILD_EVENT_COALESCE_SECONDS) -> None:
+        if key in self._upstream_asks:
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self._upstream_asks.pop(key, None)
+            try:
+                await self.ask_upstream(key)
+            except Exception:  # noqa: BLE001 - the next pass asks again
+                log.exception("asking %s/%s's pods for their upstream data failed", *key)
+
+        self._upstream_asks[key] = asyncio.create_task(later(), name=f"chattts-upstream-data {key[0]}/{key[1]}")
+
+    async def ask_upstream(self, key: Key) -> None:
+        """Ask the object's newest Ready pod's /health which upstream data it found; reconcile the
+        object only when the answer changes its UpstreamData condition. A pod that cannot be read
+        is an answer (Unknown), not an error."""
+        pod = self._upstream_pod(key)
+        if pod is None:
+            answer = HealthAnswer(pod=None)
+        else:
+            name = pod["metadata"]["name"]
+            url = self.http.url(pod, "/health", port=HTTP_PORT)
+            try:
+                if url is None:
+                    raise PodHttpError("no pod IP yet")
+                answer = HealthAnswer(pod=name, health=await self.http.get_json(
+                    url, self.settings.upstream_data_timeout_seconds))
+            except PodHttpError as err:
+                answer = HealthAnswer(pod=name, error=str(err))
+        body = self.bodies.get(key)
+        if body is None:
+            return  # gone meanwhile
+        slot = self._slots.setdefault(key, _Slot())
+        before, slot.upstream = slot.upstream, answer
+        new = upstream_data_condition(answer, 0)
+        live = next((c for c in (body.get("status") or {}).get("conditions") or []
+                     if c.get("type") == "UpstreamData"), {})
+        said = upstream_data_condition(before, 0) if before is not None else None
+
+        def differs(old: dict[str, Any] | None) -> bool:
+            return old is None or any(old.get(f) != new[f] for f in ("status", "reason", "message"))
+
+        # The same answer again while its status write still waits reconciles nothing more.
+        if differs(live) and differs(said):
+            if new["status"] != "True":
+                log.info("%s/%s: UpstreamData %s %s: %s", *key, new["status"], new["reason"], new["message"])
+            self._reconcile_soon(key, "upstream-data")
+
     # --- the reconcile ------------------------------------------------------------------------
 
     async def _reconcile_timed(self, body: dict[str, Any], trigger: str) -> str:
@@ -381,6 +477,7 @@ class DeploymentController:
             self.blocked.discard(key)
         metrics.BLOCKED_OBJECTS.set(len(self.blocked))
         observed.pods = self.cache.items("Pod", desired.owner.namespace, selector_labels(desired.owner.name))
+        observed.upstream = self._slots[key].upstream if key in self._slots else None
 
         if observed.dra is not None and observed.dra["allocatedClaims"] < observed.dra["claims"]:
             self._recheck_later(key)

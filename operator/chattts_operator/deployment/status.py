@@ -11,12 +11,13 @@ from chattts_operator.core.labels import selector_string
 from chattts_operator.deployment.pods import PodProblem, pod_problems, summary
 from chattts_operator.deployment.spec import Desired
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated", "Protected", "SharePolicy")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "GPUCapacity", "APIKeys", "GPUAllocated", "Protected", "SharePolicy",
+                   "UpstreamData")
 # Observed.api_keys_secret: what the reconciler found of spec.auth's Secret.
 SECRET_FOUND, SECRET_MISSING, SECRET_UNCHECKED = "found", "missing", "unchecked"
 # Conditions whose True is bad news: their transitions to True are Warning events.
 _ABNORMAL_TRUE = {"Degraded"}
-_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated", "Protected", "SharePolicy"}
+_ABNORMAL_FALSE = {"GPUCapacity", "Ready", "APIKeys", "GPUAllocated", "Protected", "SharePolicy", "UpstreamData"}
 # Ready, Progressing and Degraded say this when spec.networkPolicy could not be applied.
 PROTECTION_NOT_APPLIED = "ProtectionNotApplied"
 
@@ -38,6 +39,52 @@ class Observed:
     dra: dict[str, Any] | None = None  # dra profile: status.gpu.dra (gpu.dra_allocation_status)
     unschedulable: str | None = None  # dra profile: the scheduler's word on a serving pod that waits
     pods: list[dict[str, Any]] = field(default_factory=list)  # the serving pods (from the cache)
+    upstream: HealthAnswer | None = None  # a Ready pod's /health; None: not asked yet by this process
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    """What one Ready serving pod's /health said (its JSON), or why it could not be read;
+    ``pod`` None: there was no Ready serving pod to ask."""
+
+    pod: str | None
+    health: Any = None
+    error: str | None = None
+
+
+# The runtime's /health ``upstream_data.missing`` items (chattts_runtime.service.UPSTREAM_ITEMS)
+# and what a user notices without them; an item not known here is named all the same.
+UPSTREAM_ITEMS = {
+    "homophones": "rare Chinese characters are not replaced as upstream's",
+    "speaker_stats": "voice presets answer 400",
+    "normalizer_zh": "Chinese digits, dates and amounts are dropped, not spoken",
+    "normalizer_en": "English digits, dates and amounts are dropped, not spoken",
+}
+
+
+def upstream_data_condition(answer: HealthAnswer, gen: int) -> dict[str, Any]:
+    """UpstreamData: whether the serving pods found the upstream data their config asks for
+    (homophone table, speaker statistics, language normalizers), from one Ready pod's /health.
+    Informational: speech works without them, so it never changes Ready, Degraded or phase."""
+    if answer.pod is None:
+        return condition("UpstreamData", "Unknown", "NoReadyPod",
+                         "no Ready serving pod to ask which upstream data it found", generation=gen)
+    if answer.error is not None:
+        return condition("UpstreamData", "Unknown", "HealthUnreadable",
+                         f"pod {answer.pod}: {answer.error}"[:1024], generation=gen)
+    data = answer.health.get("upstream_data") if isinstance(answer.health, dict) else None
+    missing = data.get("missing") if isinstance(data, dict) else None
+    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
+        return condition("UpstreamData", "Unknown", "NotReported",
+                         f"pod {answer.pod}'s /health does not say which upstream data it found "
+                         "(a runtime image older than the operator?)", generation=gen)
+    if missing:
+        effects = "; ".join(f"{m}: {UPSTREAM_ITEMS[m]}" if m in UPSTREAM_ITEMS else m for m in missing)
+        return condition("UpstreamData", False, "UpstreamDataMissing",
+                         f"pod {answer.pod} did not find {', '.join(missing)} ({effects}); speech works, not as "
+                         "upstream's: the pod's log says where it looked"[:1024], generation=gen)
+    return condition("UpstreamData", True, "Found", "the newest Ready serving pod found the homophone table, "
+                     "speaker statistics and language normalizers its config asks for", generation=gen)
 
 
 def unschedulable_message(pods: list[dict[str, Any]]) -> str | None:
@@ -229,6 +276,14 @@ def compute_status(
         conditions.append(allocated)
     if observed.share_policy is not None:
         conditions.append(_share_policy_condition(*observed.share_policy, gen))
+    if observed.upstream is not None:
+        conditions.append(upstream_data_condition(observed.upstream, gen))
+    else:
+        # Not asked yet by this process (it just started): what an earlier one found stands.
+        kept = next((c for c in previous.get("conditions") or [] if c.get("type") == "UpstreamData"), None)
+        conditions.append(kept or condition("UpstreamData", "Unknown", "NotChecked",
+                                            "no serving pod asked yet (the operator asks one Ready pod's /health "
+                                            "every upstream_data_interval_seconds; 0: never)", generation=gen))
     if unprotected:
         conditions.append(condition("Protected", False, PROTECTION_NOT_APPLIED, _protection_message(observed),
                                     generation=gen))
