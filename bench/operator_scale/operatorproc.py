@@ -48,6 +48,9 @@ class OperatorProcess:
             "CHATTTS_OPERATOR_METRICS_PORT": str(self.metrics_port),
             "CHATTTS_OPERATOR_HEALTH_PORT": str(self.health_port),
             "CHATTTS_OPERATOR_RUNTIME_IMAGE": "chattts-runtime:bench",
+            # kwok's pods serve nothing at their made-up addresses: the UpstreamData question to each
+            # Ready pod's /health would only time out and be measured as operator work.
+            "CHATTTS_OPERATOR_UPSTREAM_DATA_INTERVAL_SECONDS": "0",
             **{f"CHATTTS_OPERATOR_{key.upper()}": str(value) for key, value in settings.items()},
         }
         self.proc: subprocess.Popen | None = None
