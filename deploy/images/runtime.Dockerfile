@@ -24,6 +24,13 @@
 # amount come out spelled out.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The sources, gathered in a stage of their own so that the build stage takes them as one layer (the
+# vfs image store copies the whole rootfs, the installed dependencies included, for every layer).
+FROM ${PYTHON_IMAGE} AS src
+COPY README.md /src/
+COPY operator/ /src/operator/
+COPY runtime/ /src/runtime/
+
 FROM ${PYTHON_IMAGE} AS build
 # The optional extras to install: runtime,vllm,text-zh,text-en (GPU) or runtime,text-zh,text-en (CPU:
 # reference engine only).
@@ -47,12 +54,11 @@ print("\n".join(p["dependencies"] + [r for e in os.environ["EXTRAS"].split(",") 
  && python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --quiet --constraint runtime.constraints.txt \
       ${TORCH_WHEELS:+--find-links "$TORCH_WHEELS"} --requirement requirements.txt
-COPY README.md ./
-COPY operator/ operator/
-COPY runtime/ runtime/
-RUN /opt/venv/bin/pip install --quiet --no-deps .
-# The normalizers' grammars, compiled once here (minutes) and checked on a date and an amount.
-RUN case ",$EXTRAS," in *,text-en,*|*,text-zh,*) /opt/venv/bin/python -m chattts_runtime.text.language ;; esac
+COPY --from=src /src/ ./
+# The package, then the normalizers' grammars, compiled once here (minutes) and checked on a date
+# and an amount. One step: the image store's vfs driver copies the whole rootfs (GBs) for every layer.
+RUN /opt/venv/bin/pip install --quiet --no-deps . \
+ && case ",$EXTRAS," in *,text-en,*|*,text-zh,*) /opt/venv/bin/python -m chattts_runtime.text.language ;; esac
 
 FROM ${PYTHON_IMAGE}
 # Triton (used by vLLM and torch.compile) compiles small C launchers at run time: it needs a C
@@ -79,8 +85,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor \
     XDG_CACHE_HOME=/tmp/cache \
     MPLCONFIGDIR=/tmp/matplotlib
-COPY --from=build /opt/venv /opt/venv
 USER 65532:65532
 WORKDIR /tmp
 EXPOSE 8000
 ENTRYPOINT ["chattts-runtime"]
+# Last: every layer after the venv's would be another full copy of it in the vfs image store.
+COPY --from=build /opt/venv /opt/venv
