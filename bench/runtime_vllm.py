@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runtime import launch
+from bench.runtime import launch, loadgen
 from bench.runtime.__main__ import (
     BENCH_TEXTS, RESULTS, SAMPLE_RATE, bench_checkpoint, environment, run_level, wait_ready)
 
@@ -140,7 +140,7 @@ async def main_async(args) -> dict:
                    "chunk_frames": args.chunk_frames, "max_num_seqs": args.max_num_seqs, "eager": args.eager,
                    "dtype": "float32" if args.device == "cpu" else "bfloat16",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
-        "environment": environment(args.device),
+        "environment": environment(args.device, loadgen.pick_client_lib("auto")),
         "engines": engines,
     }
 
