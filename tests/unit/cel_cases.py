@@ -1,6 +1,6 @@
 """Every CEL rule of both CRDs with a value it accepts and one it refuses, for the drift tests:
 tests/unit/test_cel_drift.py (the table covers every rule the generated CRDs carry; the models
-agree with each case) and tests/cluster/test_cel_drift.py (the real API server agrees too).
+agree with each case) and tests/cluster/test_cel_drift_api_server.py (the real API server agrees too).
 
 A case is a patch onto a valid object: ``good`` must be accepted and ``bad`` refused, each by
 the API server and by the operator's models; ``path`` and ``message`` name the rule (the schema

@@ -1,6 +1,6 @@
 """Drift between the CRDs' CEL rules and the operator's models, without a cluster: every rule
 the generated CRDs carry has a case in tests/unit/cel_cases.py, and the models accept each
-case's good value and refuse its bad one (tests/cluster/test_cel_drift.py asks the API server
+case's good value and refuse its bad one (tests/cluster/test_cel_drift_api_server.py asks the API server
 the same questions)."""
 from __future__ import annotations
 

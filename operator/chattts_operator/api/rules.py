@@ -3,7 +3,7 @@ apply time) and the same check on the parsed model (the operator, unit tests), w
 
 A model lists its rules once, ``json_schema_extra=cel(RULE, ...)`` for the CRD and
 ``enforce(self, RULE, ...)`` in a validator; tests/unit/test_cel_drift.py and
-tests/cluster/test_cel_drift.py feed every CEL rule of both CRDs a good and a bad value through
+tests/cluster/test_cel_drift_api_server.py feed every CEL rule of both CRDs a good and a bad value through
 the models and the real API server and assert they agree.
 
 Label keys and values follow Kubernetes' own rules (apimachinery's IsQualifiedName and
