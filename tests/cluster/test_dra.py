@@ -239,7 +239,7 @@ def test_a_spec_that_cannot_start_keeps_the_claim_template_its_pods_use(cluster,
     obj = wait_until(lambda: ready_and_allocated(cluster, namespace, "tts", 1), "Ready, claim allocated")
     template = obj["status"]["gpu"]["dra"]["resourceClaimTemplate"]
     # Too little GPU memory for the model's plan: the new generation is blocked, the old one serves.
-    cluster.kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"gpu":{"memory":"256Mi"}}}')
+    cluster.kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge", "-p", '{"spec":{"gpu":{"memory":"1Gi"}}}')
     wait_until(lambda: kjson(cluster, "get", "ctd", "tts", "-n", namespace)["status"].get("phase") == "Degraded",
                "the blocked generation reported")
     time.sleep(5)  # a few resyncs (every 2 s here)
