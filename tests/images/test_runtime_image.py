@@ -8,7 +8,7 @@ import wave
 
 import pytest
 
-from conftest import free_port, wait_for_http
+from conftest import LOCKED_DOWN, free_port, podman, wait_for_http  # at import: tests/images' conftest
 
 pytestmark = pytest.mark.images
 
@@ -52,8 +52,6 @@ def test_runtime_image_serves_speech_from_a_read_only_checkpoint(runtime_cpu_ima
 def test_runtime_image_speaks_numbers_dates_and_amounts(runtime_cpu_image):
     """The image carries the language normalizers with their grammars built (no compiling at start): a date
     and an amount come out spelled out, and the runtime's default finds both normalizers."""
-    from conftest import LOCKED_DOWN, podman
-
     code = ("import json; from chattts_runtime.text import language as l; "
             "n = l.load_language_normalizers('installed'); print(json.dumps({'names': l.installed_normalizers(), "
             "'grammars': sorted(p.name for p in l.GRAMMAR_DIR.glob('*.far')), 'zh': n['zh']('2024年3月15日下午3:30'), "
