@@ -101,11 +101,18 @@ def serve_from_loopback(kubectl, namespace: str, url: str) -> str:
     return wait_until(lambda: ready_pod(kubectl, namespace), "a Ready serving pod", timeout=120)
 
 
-def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, health_server, operators):
-    kubectl = crds.kubectl
-    op = operators(upstream_data_interval_seconds="1")
+def start_asking(operators, interval_seconds: str):
+    """An operator that asks pods for their upstream data every ``interval_seconds`` and honours the
+    metrics-url annotation (the loopback /health stands in for a kwok pod's address)."""
+    op = operators(upstream_data_interval_seconds=interval_seconds)
     op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
     op.start()
+    return op
+
+
+def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, health_server, operators):
+    kubectl = crds.kubectl
+    start_asking(operators, interval_seconds="1")
     apply(kubectl, namespace, ctd("voice", replicas=0))
 
     # No pod to ask: Unknown.
@@ -141,9 +148,7 @@ def test_a_missing_normalizer_is_a_condition_then_found(crds, namespace, health_
 def test_a_pod_that_becomes_ready_is_asked_at_once(crds, namespace, health_server, operators):
     """No periodic pass within the test (the interval is 10 minutes): a pod becoming Ready is the trigger."""
     kubectl = crds.kubectl
-    op = operators(upstream_data_interval_seconds="600")
-    op.env["CHATTTS_AUTOSCALER_METRICS_URL_ANNOTATION"] = "1"
-    op.start()
+    start_asking(operators, interval_seconds="600")
     apply(kubectl, namespace, ctd("voice", replicas=0))
     pod = serve_from_loopback(kubectl, namespace, health_server.url)
     obj = wait_until(lambda: upstream(kubectl, namespace, "False"), "UpstreamData=False", timeout=30)
