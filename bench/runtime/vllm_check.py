@@ -39,9 +39,11 @@ REFINE_PROMPTS = 8  # the first prompts refined (the reference refiner runs one 
 
 def parse_variant(text: str) -> tuple[str, bool, str, str]:
     """``DTYPE[:eager|:graphs][:fp8][:awq]`` -> (dtype, enforce_eager, kv_cache_dtype, weight format);
-    ``graph``: the graph engine. awq: the checkpoint's round-to-nearest AWQ form (``awq_random``)."""
-    if text == "graph":
-        return ("graph", False, "auto", "fp16")
+    ``graph``: the graph engine; ``reference-math``: the reference engine again in float32 with PyTorch's
+    math attention (a second correct float32 arithmetic: how far two of them part on these flat logits).
+    awq: the checkpoint's round-to-nearest AWQ form (``awq_random``)."""
+    if text in ("graph", "reference-math"):
+        return (text, False, "auto", "fp16")
     dtype, *rest = text.split(":")
     mode = rest.pop(0) if rest and rest[0] in ("eager", "graphs") else ""
     flags = set(rest)
@@ -50,6 +52,27 @@ def parse_variant(text: str) -> tuple[str, bool, str, str]:
                                          f"float16), got {text!r}")
     return (dtype, mode == "eager" or (mode == "" and dtype == "float32"), "fp8" if "fp8" in flags else "auto",
             "awq" if "awq" in flags else "fp16")
+
+
+def variant_name(dtype: str, eager: bool, kv: str, weight_format: str) -> str:
+    return (f"vllm {dtype} {'eager' if eager else 'cuda graphs'}" + (f" kv {kv}" if kv != "auto" else "")
+            + (" awq" if weight_format == "awq" else ""))
+
+
+def with_16bit_bases(variants: list[tuple], kept: set[str]) -> list[tuple]:
+    """``variants`` with, before each 8-bit KV or AWQ variant, its 16-bit-KV, 16-bit-weight base when
+    neither an earlier variant nor an earlier run of this call (``kept``) has it: what the 8-bit
+    form changes is measured against it."""
+    out: list[tuple] = []
+    for variant in variants:
+        dtype, eager, kv, weight_format = variant
+        base = (dtype, eager, "auto", "fp16")
+        if (dtype not in ("graph", "reference-math") and base != variant and base not in out
+                and variant_name(*base) not in kept):
+            out.append(base)
+        if variant not in out:
+            out.append(variant)
+    return out
 
 
 def planned(model, device: str, config) -> dict:
@@ -217,7 +240,33 @@ async def main_async(args, save=lambda report: None) -> dict:
         report["vllm"] = None
     save(report)
     codes_by_variant: dict[str, dict] = dict(earlier)  # a vllm variant's codes, for the 8-bit KV comparison
-    for dtype, eager, kv, weight_format in args.vllm:
+    for dtype, eager, kv, weight_format in with_16bit_bases(args.vllm, set(earlier)):
+        if dtype == "reference-math":  # the control: float32 again, another attention kernel's summation order
+            if device != "cuda":
+                continue
+            name = "reference float32, math attention"
+            flags = {f: getattr(torch.backends.cuda, f"{f}_sdp_enabled")() for f in ("flash", "mem_efficient", "cudnn")}
+            try:
+                for f in flags:
+                    getattr(torch.backends.cuda, f"enable_{f}_sdp")(False)
+                engine = ReferenceEngine(model, max_num_seqs=len(PROMPTS), max_waiting=4096,
+                                         max_model_len=args.max_model_len)
+                report["variants"][name] = {"engine": "reference", "dtype": "float32", "attention": "math",
+                                            "against_reference_float32": against_reference(
+                                                await both_modes(engine, model, args.frames))}
+            except Exception as err:
+                traceback.print_exc()
+                report["variants"][name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            finally:
+                for f, on in flags.items():
+                    getattr(torch.backends.cuda, f"enable_{f}_sdp")(on)
+            save(report)
+            entry = report["variants"][name].get("against_reference_float32")
+            if entry:
+                s = entry["greedy"]["summary"]
+                print(f"{name}: greedy frames equal {s['frame_agreement']:.1%}, identical "
+                      f"{s['identical_outputs']}/{s['prompts']}", flush=True)
+            continue
         if dtype == "graph":  # the graph engine in bfloat16: its own rate against the same reference
             if device != "cuda":
                 continue
@@ -238,8 +287,7 @@ async def main_async(args, save=lambda report: None) -> dict:
                     torch.cuda.empty_cache()
             save(report)
             continue
-        name = (f"vllm {dtype} {'eager' if eager else 'cuda graphs'}" + (f" kv {kv}" if kv != "auto" else "")
-                + (" awq" if weight_format == "awq" else ""))
+        name = variant_name(dtype, eager, kv, weight_format)
         try:
             weights = checkpoint
             if weight_format == "awq":
@@ -319,9 +367,12 @@ def markdown(report: dict) -> str:
             out.append(f"\n{name} against {v['16bit_kv_variant']} (16-bit weights and KV), {mode}: frames equal "
                        f"{s['frame_agreement']:.1%}, identical {s['identical_outputs']} / {s['prompts']}, "
                        f"first difference (median) {s['first_difference_median']}, log-mel L1 {s['mel_l1_mean']:.3f}.")
-    out += ["", "Greedy in float32 must be equal (same arithmetic order up to kernels); 16-bit variants are "
-            "measured by the same agreement as `bench.runtime.dtype_agreement` (random weights: nearly flat "
-            "logits, the hardest case), beside the graph engine's bfloat16 rate against the same reference."]
+    out += ["", "Greedy in float32 is equal where the kernels sum in the same order (the CPU tier); on CUDA vLLM's "
+            "float32 attention is another kernel (Triton), so it is read beside `reference float32, math "
+            "attention` where present: the reference itself with another attention kernel, i.e. how far two "
+            "correct float32 arithmetics part on these random weights (nearly flat logits, the hardest case). "
+            "16-bit variants are measured by the same agreement as `bench.runtime.dtype_agreement`, beside the "
+            "graph engine's bfloat16 rate against the same reference."]
     return "\n".join(out) + "\n"
 
 

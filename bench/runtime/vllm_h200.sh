@@ -27,11 +27,16 @@
 #   check_fp8    the check for vllm bfloat16 with an fp8 KV cache (also against check's 16-bit KV run,
 #                whose outputs, and the reference's, it reuses)
 #   check_awq    the same for AWQ weights (the random checkpoint's round-to-nearest AWQ form, awq_random)
+#                (either runs its 16-bit base first when no earlier check of this call kept it)
+#   check_control the reference engine again in float32 with PyTorch's math attention: how far two
+#                correct float32 arithmetics part on these weights (read the float32 vllm rate beside it)
 #   vllm_mixed   --mixed, upstream's pipeline (refine-text on, Decoder path), --engine vllm
 #   vllm_eager   as vllm, CUDA graphs off (engine.enforce_eager)
 #   vllm_prefix  as vllm, prefix cache on (prompts salted by speaker)
 #   graph_mixed  as vllm_mixed, --engine graph
 #   vllm_fp8     as vllm, engine.kvCacheDtype fp8, at 64 and 256 streams
+#   vllm_profile as vllm at 1 and 256 streams, every process's Python stacks sampled every 2 ms
+#                (bench/runtime/stack_sampler.py): where the engine core's step goes
 #   anchor       python3 .anchor/chattts_gpt_anchor.py (only when .anchor is carried too)
 # Choose with --steps "imports check vllm" (or STEPS=...); --budget S; --levels 1,16,64,256.
 # --smoke      the steps' command lines on the CPU, without pieces (CI and a local check: vLLM is not
@@ -46,7 +51,7 @@ SITE="${SITE:-/tmp/vllm-site}"
 BUDGET_S="${BUDGET_S:-540}"
 STEPS="${STEPS:-}"
 LEVELS="${LEVELS:-1,16,64,256}"
-KNOWN_STEPS="imports check vllm graph check_fp8 check_awq vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 anchor"
+KNOWN_STEPS="imports check vllm graph check_fp8 check_awq vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8 vllm_profile check_control anchor"
 DEFAULT_STEPS="imports check vllm graph check_fp8 check_awq vllm_mixed vllm_eager vllm_prefix graph_mixed vllm_fp8"
 cd "$(dirname "$0")/../.." || exit 2
 CARRIED="${VLLM_DIR:-.vllm}/pieces"  # the pieces the calls carry (vllm_prepare.sh writes them)
@@ -168,8 +173,8 @@ fi
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
-declare -A CAP=([imports]=60 [check]=240 [check_fp8]=120 [check_awq]=120 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
-                [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [anchor]=100)
+declare -A CAP=([imports]=60 [check]=240 [check_fp8]=200 [check_awq]=150 [check_control]=60 [vllm]=150 [graph]=100 [vllm_mixed]=170 [vllm_eager]=120
+                [vllm_prefix]=130 [graph_mixed]=150 [vllm_fp8]=130 [vllm_profile]=110 [anchor]=100)
 if [ "$smoke" = 1 ]; then
   DEVICE=cpu SIZE=tiny
 else
@@ -177,7 +182,11 @@ else
 fi
 SPEECH="python3 -m bench.runtime --device $DEVICE --size $SIZE --sequential 4"
 FIXED="$SPEECH --frames 128 --concurrency $LEVELS --rounds 4 --max-model-len 1024 --refine off --audio-decoder dvae"
-CHECK="python3 -m bench.runtime.vllm_check --device $DEVICE --size $SIZE --out $STAGE/results --reference $STAGE/reference.json"
+# The reference's outputs (and each vllm variant's) outside the call's stage: a run call sent right after
+# another (machine still warm) compares check_fp8/check_awq against the first call's check, not recomputed.
+if [ "$smoke" = 1 ]; then KEEP="$STAGE/keep"; else KEEP="${KEEP:-/tmp/vllm-check}"; fi
+mkdir -p "$KEEP"
+CHECK="python3 -m bench.runtime.vllm_check --device $DEVICE --size $SIZE --out $STAGE/results --reference $KEEP/reference.json"
 MIXED="$SPEECH --mixed --frames 2048 --concurrency $LEVELS --rounds 2 --max-model-len 2048 --refine on --audio-decoder decoder"
 step_command() {
   case "$1" in
@@ -185,6 +194,7 @@ step_command() {
     check) echo "$CHECK --vllm float32:eager --vllm bfloat16:graphs --vllm graph --tag h200-$DATE" ;;
     check_fp8) echo "$CHECK --vllm bfloat16:graphs:fp8 --tag h200-$DATE-fp8-kv" ;;
     check_awq) echo "$CHECK --vllm bfloat16:graphs:awq --tag h200-$DATE-awq" ;;
+    check_control) echo "$CHECK --vllm reference-math --tag h200-$DATE-control" ;;
     vllm) echo "$FIXED --engine vllm --tag h200-$DATE-vllm" ;;
     graph) echo "$FIXED --engine graph --tag h200-$DATE-vllm-lease-graph" ;;
     vllm_mixed) echo "$MIXED --engine vllm --tag h200-$DATE-vllm-mixed" ;;
@@ -192,6 +202,7 @@ step_command() {
     vllm_prefix) echo "$FIXED --engine vllm --prefix-cache on --tag h200-$DATE-vllm-prefix" ;;
     graph_mixed) echo "$MIXED --engine graph --tag h200-$DATE-vllm-lease-graph-mixed" ;;
     vllm_fp8) echo "${FIXED/--concurrency $LEVELS/--concurrency 64,256} --engine vllm --kv-cache-dtype fp8 --tag h200-$DATE-vllm-fp8" ;;
+    vllm_profile) echo "${FIXED/--concurrency $LEVELS/--concurrency 1,256} --engine vllm --tag h200-$DATE-vllm-profile" ;;
     anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
   esac
 }
@@ -253,15 +264,19 @@ for step in $STEPS; do
   gpu_released
   left=$((BUDGET_S - SECONDS - RESERVE_S))
   limit=$(( CAP[$step] < left ? CAP[$step] : left ))
-  echo "== $(date -u +%T) $step (limit ${limit}s): $cmd"
+  step_env=()
+  if [ "$step" = vllm_profile ]; then  # every process the step starts samples its stacks (sitecustomize)
+    step_env=(env "STACK_SAMPLES_DIR=$STAGE/logs/stacks" "PYTHONPATH=bench/runtime/stack_hook:${PYTHONPATH:-}")
+  fi
+  echo "== $(date -u +%T) $step (limit ${limit}s): ${step_env[*]} $cmd"
   t0=$SECONDS
   if [ "$smoke" = 1 ]; then
     # shellcheck disable=SC2086
-    timeout -k 10 "$limit" $cmd > "$STAGE/logs/$step.log" 2>&1
+    timeout -k 10 "$limit" "${step_env[@]}" $cmd > "$STAGE/logs/$step.log" 2>&1
     rc=$?
   else
     # shellcheck disable=SC2086  # timeout signals the step's whole process group (servers, load generators)
-    timeout -k 10 "$limit" $cmd 2>&1 | tee "$STAGE/logs/$step.log"
+    timeout -k 10 "$limit" "${step_env[@]}" $cmd 2>&1 | tee "$STAGE/logs/$step.log"
     rc=${PIPESTATUS[0]}
   fi
   took=$((SECONDS - t0))
@@ -291,6 +306,10 @@ grep -hiE "model loading took|kv cache|cuda graph|graph capturing|maximum concur
   grep -hE "^(MISSING|FAILED) |^missing top-level" "$STAGE/logs/imports.log" 2>/dev/null
   grep -hE "greedy frames equal|NOT EQUAL" "$STAGE"/logs/check*.log 2>/dev/null | cut -c1-300
   grep -h "^concurrency " "$STAGE"/logs/vllm*.log "$STAGE"/logs/graph*.log 2>/dev/null | cut -c1-160
+  for f in "$STAGE"/logs/stacks/stacks-*.txt; do  # the profiled processes' busiest threads, in short
+    [ -f "$f" ] || continue
+    awk 'NR == 1 {print; next} /^## thread/ {n++; k = 0} n == 1 && k++ < 28 {print} /^# folded/ {exit}' "$f" | cut -c1-180
+  done
 } | tee "$OUT/summary.txt"
 tar -czf "$OUT/results.tar.gz" -C "$STAGE" results
 tar -czf "$OUT/logs.tar.gz" -C "$STAGE" logs
