@@ -7,10 +7,11 @@ engines the same share kept free for allocator fragmentation and what torch does
 **vllm**: vLLM loads the weights, runs a profiling step (activations), keeps room for
 CUDA graphs and the CUDA context, and gives what is left to the KV cache; it refuses to
 start when that cannot hold one ``maxModelLen``-long sequence. Tensor parallel splits the
-GPT's weights and KV heads; the auxiliary decoder/DVAE/Vocos sit whole on each GPU.
-- weights: 16-bit = 2 bytes/param; AWQ and compressed-tensors W4A16 = 4 bits + one fp16
-  scale and a 4-bit zero per group of 128 (0.5195 bytes/param) for the decoder layers'
-  linear weights; embeddings, heads and norms stay 16-bit; auxiliary models float32.
+GPT body's linear weights and KV heads; embeddings and heads sit whole on each GPU.
+- weights (``vllm_weight_bytes``): the body's linear weights in the engine's dtype (2 bytes, 4 in
+  float32), or AWQ / compressed-tensors W4A16 = 4 bits + one fp16 scale and a 4-bit zero per group
+  of 128 (0.5195 bytes/param); embeddings, heads and norms float32 (the plugin keeps them so). The
+  auxiliary decoder/DVAE/Vocos are in the speech API's copy, not in vLLM's budget.
 - activations: a profiling step of ``maxNumBatchedTokens`` tokens (vLLM's default of 8192
   when unset) x hidden size x 2 bytes x ``ACTIVATION_FACTOR`` live intermediates.
 - overhead: ``OVERHEAD_MIB`` (plus ``TP_OVERHEAD_MIB`` for NCCL buffers under tensor parallel).
@@ -124,6 +125,17 @@ def kv_bytes_per_token(shape: ModelShape, engine: EngineSpec, tensor_parallel: i
     return 2 * shape.num_layers * kv_heads_per_gpu * shape.head_dim * kv_element_bytes(engine)
 
 
+def vllm_weight_bytes(shape: ModelShape, weight_format: WeightFormat, engine: EngineSpec,
+                      tensor_parallel: int = 1) -> float:
+    """What vLLM's engine core loads on one GPU (the ChatTTS plugin): its share of the GPT body in the
+    engine's dtype (or AWQ's 4 bits), and the embeddings and heads whole, float32 as in the reference
+    model. The auxiliary models are not there: they live in the speech API's copy. Measured on the H200 (2026-12-03, full size): 0.50 GiB
+    in bfloat16, 0.84 in float32, 0.24 with AWQ, against 516 / 894 / 239 MiB from this."""
+    body = BYTES_FLOAT32 if engine.dtype == "float32" and weight_format is WeightFormat.FP16 \
+        else linear_weight_bytes_per_param(weight_format)
+    return shape.linear_params * body / tensor_parallel + shape.other_params * BYTES_FLOAT32
+
+
 def runtime_weight_bytes(shape: ModelShape, engine: EngineSpec) -> float:
     """One copy of the model as ``chattts_runtime.model.load_chattts`` puts it on the GPU: the GPT
     body in the activation dtype (AWQ dequantized), embeddings, heads and auxiliary models float32."""
@@ -166,10 +178,7 @@ def plan_memory(
 def _plan_vllm(shape: ModelShape, weight_format: WeightFormat, engine: EngineSpec, gpu_memory_mib: int,
                tensor_parallel: int, utilization_warning: float) -> MemoryPlanResult:
     budget_bytes = gpu_memory_mib * MIB * engine.gpu_memory_utilization
-    weights_bytes = (
-        shape.linear_params * linear_weight_bytes_per_param(weight_format)
-        + shape.other_params * BYTES_16BIT
-    ) / tensor_parallel + shape.auxiliary_params * BYTES_AUXILIARY
+    weights_bytes = vllm_weight_bytes(shape, weight_format, engine, tensor_parallel)
     batched_tokens = engine.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
     activation_bytes = batched_tokens * shape.hidden_size * BYTES_16BIT * ACTIVATION_FACTOR
     overhead_bytes = (OVERHEAD_MIB + (TP_OVERHEAD_MIB if tensor_parallel > 1 else 0)) * MIB
