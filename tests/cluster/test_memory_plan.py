@@ -68,7 +68,7 @@ def test_fp8_kv_cache_is_refused_for_the_default_engine_and_accepted_for_vllm(cr
     kubectl = crds.kubectl
     explained = " ".join(kubectl("explain", "ctd.spec.engine.kind").stdout.split())
     assert "graph (the default)" in explained and "measured on an H200" in explained
-    assert "tested on CPU only so far" in explained  # why vllm is not the default
+    assert "against vllm's 153" in explained  # why vllm is not the default: the same lease's figures
     bad = ctd("fp8", engine={"kvCacheDtype": "fp8"})
     result = kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
     assert result.returncode != 0

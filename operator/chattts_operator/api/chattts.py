@@ -232,10 +232,11 @@ class EngineSpec(_SpecModel):
     kind: Literal["vllm", "graph", "reference"] = Field(
         DEFAULT_ENGINE_KIND,
         description="graph (the default): the runtime's CUDA-graph engine (static slot KV cache, graphs per "
-        "batch bucket), the engine measured on an H200 (bench/results/runtime-h200-*); vllm: the vLLM engine "
-        "with the out-of-tree ChatTTS model, tested on CPU only so far (no CUDA build of vLLM has run here), "
-        "set it for tensor parallel, AWQ kernels or an fp8 KV cache; reference: the plain PyTorch engine "
-        "(baseline).",
+        "batch bucket), the faster one measured on an H200 (832 audio s/s at 256 streams, p99 first audio "
+        "0.13 s, against vllm's 153 and 2.2 s in the same lease; bench/results/vllm-h200-2026-12-03-summary.md); "
+        "vllm: the vLLM engine (0.26 on CUDA) with the out-of-tree ChatTTS model, set it for tensor "
+        "parallel, AWQ kernels or an fp8 KV cache (twice the KV tokens); reference: the plain PyTorch "
+        "engine (baseline).",
     )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, le=1_048_576, description="Tokens per engine step (vLLM --max-num-batched-tokens); unset: vLLM's default."
