@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from .common import SpecModel
 from .rules import (
     LABEL_KEY_RULE,
     LABEL_VALUES_SCHEMA,
@@ -32,11 +32,7 @@ MONITORING_NAMESPACE = "monitoring"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 
-class _SpecModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class AuthSpec(_SpecModel):
+class AuthSpec(SpecModel):
     """API keys: the runtime answers /v1/* only with 'Authorization: Bearer <key>' (else 401);
     /health, /ready and /metrics stay open for the kubelet and Prometheus."""
 
@@ -74,7 +70,7 @@ _TAKES_NO_VALUES = "a selector requirement with operator Exists or DoesNotExist 
 _NEEDS_A_SELECTOR = "a networkPolicy peer needs namespaceSelector, podSelector or both"
 
 
-class SelectorRequirement(_SpecModel):
+class SelectorRequirement(SpecModel):
     """A label selector requirement (as in metav1.LabelSelectorRequirement)."""
 
     key: str = Field(min_length=1, max_length=MAX_LABEL_KEY, json_schema_extra=cel(LABEL_KEY_RULE),
@@ -101,7 +97,7 @@ class SelectorRequirement(_SpecModel):
         return self
 
 
-class LabelSelector(_SpecModel):
+class LabelSelector(SpecModel):
     """A label selector (as in metav1.LabelSelector); empty selects everything."""
 
     match_labels: dict[str, str] | None = Field(None, json_schema_extra=match_labels_schema(),
@@ -115,7 +111,7 @@ class LabelSelector(_SpecModel):
         return check_match_labels(value)
 
 
-class PeerSpec(_SpecModel):
+class PeerSpec(SpecModel):
     """Clients allowed in: pods chosen by podSelector in namespaces chosen by namespaceSelector.
     Both set: pods matching podSelector in the matching namespaces (one NetworkPolicy peer);
     podSelector alone: pods in this namespace; namespaceSelector alone: every pod there."""
@@ -139,7 +135,7 @@ def _monitoring_peers() -> list[PeerSpec]:
     return [PeerSpec(namespace_selector=LabelSelector(match_labels={NAMESPACE_NAME_LABEL: MONITORING_NAMESPACE}))]
 
 
-class NetworkPolicySpec(_SpecModel):
+class NetworkPolicySpec(SpecModel):
     """A NetworkPolicy on the serving pods (it takes effect only where the cluster's network
     plugin enforces NetworkPolicy). Ingress is then allowed only from the peers below, to
     the runtime's HTTP port; everything else is dropped."""

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from .common import SpecModel, StatusModel
 from .rules import Rule, cel, enforce
 
 # Go's time.ParseDuration subset we accept: one or more <number><unit>, units ms/s/m/h.
@@ -100,24 +100,10 @@ def min_duration_rule(field: str, minimum: float) -> dict[str, Any]:
     }]}
 
 
-class _SpecModel(BaseModel):
-    """Spec models: camelCase in the CRD, snake_case in Python, unknown fields rejected."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class _StatusModel(BaseModel):
-    """Status models: camelCase; unknown fields from an older operator are ignored."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
 # --- spec ---------------------------------------------------------------------------
 
 
-class ScalingPolicy(_SpecModel):
+class ScalingPolicy(SpecModel):
     """One rate limit on scaling, as in the HPA: at most `value` pods (or percent of the
     current replicas) may be added or removed within any `periodSeconds`."""
 
@@ -130,7 +116,7 @@ class ScalingPolicy(_SpecModel):
     )
 
 
-class ScalingRules(_SpecModel):
+class ScalingRules(SpecModel):
     """Stabilization and rate policies for one direction, with the HPA's semantics."""
 
     stabilization_window_seconds: int = Field(
@@ -177,7 +163,7 @@ def _default_scale_down() -> ScalingRules:
     )
 
 
-class ScalingBehavior(_SpecModel):
+class ScalingBehavior(SpecModel):
     """How fast replicas may change in each direction (the HPA `behavior` block)."""
 
     scale_up: ScalingRules = Field(default_factory=_default_scale_up, description="Rules for adding replicas.")
@@ -186,7 +172,7 @@ class ScalingBehavior(_SpecModel):
     )
 
 
-class PodsMetricSource(_SpecModel):
+class PodsMetricSource(SpecModel):
     """Read each Ready pod's Prometheus endpoint directly (no Prometheus server needed)."""
 
     port: int = Field(8000, ge=1, le=65535, description="The pod port serving metrics.")
@@ -219,7 +205,7 @@ PROMETHEUS_URL_RULE = Rule(
     _http_url_with_host)
 
 
-class PrometheusMetricSource(_SpecModel):
+class PrometheusMetricSource(SpecModel):
     """Ask a Prometheus server (HTTP API, instant query) for the wait quantile."""
 
     model_config = ConfigDict(
@@ -293,7 +279,7 @@ class PrometheusMetricSource(_SpecModel):
         )
 
 
-class MetricSource(_SpecModel):
+class MetricSource(SpecModel):
     """Where scheduler_deadline_wait comes from."""
 
     model_config = ConfigDict(
@@ -321,7 +307,7 @@ class MetricSource(_SpecModel):
         return self
 
 
-class BatchTokenTuning(_SpecModel):
+class BatchTokenTuning(SpecModel):
     """Opt-in: raise the engine's maxNumBatchedTokens while waits stay above target and the
     GPU memory plan has KV-cache room; lower it again after a sustained quiet period.
     Each change is a rolling update, so changes are rare and never reverse quickly."""
@@ -377,7 +363,7 @@ FORECAST_LEAD_WITHIN_PERIOD = Rule(
     lambda f: parse_duration(f.lead) <= parse_duration(f.period))
 
 
-class ForecastSpec(_SpecModel):
+class ForecastSpec(SpecModel):
     """Forecast-aware minimums: the operator records, per minute, how many replicas the
     load needed; ``period`` later (the same time the next day) it raises the floor to the
     most the next ``lead`` needed, so replicas are Ready before a rise that repeats.
@@ -410,7 +396,7 @@ class ForecastSpec(_SpecModel):
         return parse_duration(self.period)
 
 
-class AutoscalingSpec(_SpecModel):
+class AutoscalingSpec(SpecModel):
     """Autoscaling on scheduler_deadline_wait: the time from a request's arrival until the
     engine first runs it. When disabled, the scale subresource is left to HPA or KEDA."""
 
@@ -549,7 +535,7 @@ class AutoscalingSpec(_SpecModel):
 # --- status -------------------------------------------------------------------------
 
 
-class AutoscalingCondition(_StatusModel):
+class AutoscalingCondition(StatusModel):
     """A condition in Kubernetes API conventions. Types used: ScalingActive (False when the
     metric is missing or stale: replicas hold), AbleToScale, ScalingLimited (desired
     replicas clamped by min/max or the GPU share)."""
@@ -561,7 +547,7 @@ class AutoscalingCondition(_StatusModel):
     last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
 
 
-class ScalingDecisionRecord(_StatusModel):
+class ScalingDecisionRecord(StatusModel):
     """One evaluation that changed something or explains why nothing changed."""
 
     time: str = Field(description="RFC 3339 time of the decision.")
@@ -574,21 +560,21 @@ class ScalingDecisionRecord(_StatusModel):
     message: str = Field("", description="Why, for humans.")
 
 
-class RecommendationRecord(_StatusModel):
+class RecommendationRecord(StatusModel):
     """A past raw recommendation, kept for the stabilization windows (survives restarts)."""
 
     time: str
     replicas: int
 
 
-class ScaleEventRecord(_StatusModel):
+class ScaleEventRecord(StatusModel):
     """A past change of replicas, kept for the rate policies (survives restarts)."""
 
     time: str
     change: int = Field(description="Replicas added (positive) or removed (negative).")
 
 
-class BatchTokenTuningStatus(_StatusModel):
+class BatchTokenTuningStatus(StatusModel):
     """State of batch-token tuning."""
 
     max_num_batched_tokens: int | None = Field(
@@ -599,7 +585,7 @@ class BatchTokenTuningStatus(_StatusModel):
     quiet_since: str | None = Field(None, description="Start of the current run of waits well below target.")
 
 
-class AutoscalingStatus(_StatusModel):
+class AutoscalingStatus(StatusModel):
     """What the autoscaler saw and did."""
 
     current_metric: str | None = Field(None, description="Last fresh wait quantile, as a duration.")

@@ -14,13 +14,12 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
 from chattts_runtime.config import MANAGED_ENGINE_FLAGS, MAX_SERVED_NAME, SERVED_NAME_PATTERN, WeightFormat
 
 from .access import AuthSpec, NetworkPolicySpec
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
-from .common import Condition
+from .common import Condition, SpecModel, StatusModel
 from .quantization import QuantizationSpec, QuantizationStatus
 from .rules import Rule, cel, enforce
 
@@ -71,22 +70,10 @@ def quantity_to_mib(text: str) -> int:
     return whole + (1 if mib > whole else 0)
 
 
-class _SpecModel(BaseModel):
-    """Spec models: camelCase in the CRD, snake_case in Python, unknown fields rejected."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class _StatusModel(BaseModel):
-    """Status models: camelCase; unknown fields from an older operator are ignored."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
 # --- model ----------------------------------------------------------------------------
 
 
-class PvcSource(_SpecModel):
+class PvcSource(SpecModel):
     """Weights on a PersistentVolumeClaim, mounted read-only (readOnly on the volume and the mount)."""
 
     claim_name: str = Field(min_length=1, max_length=253, description="Name of the PVC in the same namespace.")
@@ -108,13 +95,13 @@ class PvcSource(_SpecModel):
         return value
 
 
-class HostPathSource(_SpecModel):
+class HostPathSource(SpecModel):
     """Weights in a directory on the node, mounted read-only."""
 
     path: str = Field(min_length=2, max_length=1024, pattern=r"^/", description="Absolute directory path on the node.")
 
 
-class ImageSource(_SpecModel):
+class ImageSource(SpecModel):
     """Weights shipped as an OCI image or artifact, mounted as an image volume (always read-only;
     needs the ImageVolume feature of Kubernetes 1.33+)."""
 
@@ -122,7 +109,7 @@ class ImageSource(_SpecModel):
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="When to pull it.")
 
 
-class ModelShape(_SpecModel):
+class ModelShape(SpecModel):
     """The GPT's shape, for the GPU memory planner. The defaults are ChatTTS's (2noise)."""
 
     num_layers: int = Field(20, ge=1, le=512, description="Decoder layers.")
@@ -145,7 +132,7 @@ _EXACTLY_ONE_SOURCE = (
 )
 
 
-class ModelSpec(_SpecModel):
+class ModelSpec(SpecModel):
     """Where the weights are and how they are stored. Exactly one of pvc, hostPath, image."""
 
     model_config = ConfigDict(
@@ -207,7 +194,7 @@ FP8_NEEDS_VLLM = ("engine.kvCacheDtype fp8 is honoured by the vllm engine only: 
 DEFAULT_ENGINE_KIND = "graph"
 
 
-class EngineSpec(_SpecModel):
+class EngineSpec(SpecModel):
     """The engine's knobs (names follow vLLM's engine arguments; the vLLM-only ones say so)."""
 
     model_config = ConfigDict(
@@ -329,7 +316,7 @@ _MIN_GPU_MEMORY_RULE = Rule(
     lambda text: parse_quantity(text) >= parse_quantity(MIN_GPU_MEMORY))
 
 
-class GpuSpec(_SpecModel):
+class GpuSpec(SpecModel):
     """GPU memory per replica and how many GPUs (tensor parallel)."""
 
     memory: str = Field(
@@ -382,7 +369,7 @@ _TOLERATION_RULES = (
 )
 
 
-class Toleration(_SpecModel):
+class Toleration(SpecModel):
     """A pod toleration (as in core/v1)."""
 
     model_config = ConfigDict(json_schema_extra={
@@ -407,14 +394,14 @@ class Toleration(_SpecModel):
         return self
 
 
-class ContainerResources(_SpecModel):
+class ContainerResources(SpecModel):
     """CPU and memory of the runtime container (requests; memory is also the limit)."""
 
     cpu: str = Field("2", max_length=32, pattern=QUANTITY_PATTERN, description="CPU request.")
     memory: str = Field("8Gi", max_length=32, pattern=QUANTITY_PATTERN, description="Memory request and limit.")
 
 
-class ServerSpec(_SpecModel):
+class ServerSpec(SpecModel):
     """The speech API server in each pod."""
 
     max_queue: int = Field(256, ge=1, le=100_000, description="Requests waiting beyond running ones; more get 429.")
@@ -424,7 +411,7 @@ class ServerSpec(_SpecModel):
     )
 
 
-class SpeechSpec(_SpecModel):
+class SpeechSpec(SpecModel):
     """How the pods speak: upstream ChatTTS's Chat.infer() defaults unless a field here says otherwise."""
 
     voice_from_first_piece: Literal["upstream", "stream", "off"] = Field(
@@ -453,7 +440,7 @@ BATCH_TOKEN_TUNING_NEEDS_VLLM = Rule(
 SPEC_RULES = (TENSOR_PARALLEL_NEEDS_VLLM, BATCH_TOKEN_TUNING_NEEDS_VLLM)
 
 
-class ChatTTSDeploymentSpec(_SpecModel):
+class ChatTTSDeploymentSpec(SpecModel):
     """ChatTTS served by the TTS runtime on GPU pods."""
 
     model_config = ConfigDict(json_schema_extra=cel(*SPEC_RULES))
@@ -504,7 +491,7 @@ class ChatTTSDeploymentSpec(_SpecModel):
 # --- status ---------------------------------------------------------------------------
 
 
-class DraDevice(_StatusModel):
+class DraDevice(StatusModel):
     """One device a claim was allocated, as the claim's allocation status says."""
 
     claim: str = ""
@@ -513,7 +500,7 @@ class DraDevice(_StatusModel):
     memory_mi_b: int = Field(0, alias="memoryMiB", description="Memory consumed on the device (whole device: its capacity).")
 
 
-class DraAllocation(_StatusModel):
+class DraAllocation(StatusModel):
     """The dra profile's claims: the template, and what is allocated now."""
 
     resource_claim_template: str = ""
@@ -524,7 +511,7 @@ class DraAllocation(_StatusModel):
     devices: list[DraDevice] = Field(default_factory=list)
 
 
-class ResolvedGpu(_StatusModel):
+class ResolvedGpu(StatusModel):
     """What the sharing profile turned the gpu block into."""
 
     profile: str = ""
@@ -536,7 +523,7 @@ class ResolvedGpu(_StatusModel):
     dra: DraAllocation | None = Field(None, description="dra profile: what the scheduler allocated (from the claims).")
 
 
-class MemoryPlan(_StatusModel):
+class MemoryPlan(StatusModel):
     """The GPU memory planner's budget for one GPU of a replica (MiB), for the engine the spec names."""
 
     fits: bool = False
@@ -560,7 +547,7 @@ class MemoryPlan(_StatusModel):
     )
 
 
-class ChatTTSDeploymentStatus(_StatusModel):
+class ChatTTSDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     phase: str = ""
     replicas: int = 0

@@ -13,6 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
+class SpecModel(BaseModel):
+    """Every kind's spec models: camelCase in the CRD, snake_case in Python, unknown fields rejected,
+    immutable once parsed."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class StatusModel(BaseModel):
+    """Every kind's status models: camelCase; unknown fields (from an older operator) ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
 class Condition(BaseModel):
     """A condition, following the Kubernetes API conventions (metav1.Condition)."""
 

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .common import SpecModel, StatusModel
 
 
 _SUB_PATH_PATTERN = r"^[^/].*$"
 _NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-
-
-class _SpecModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class _StatusModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 def _no_parent_dirs(value: str | None, field_name: str) -> str | None:
@@ -27,7 +20,7 @@ def _no_parent_dirs(value: str | None, field_name: str) -> str | None:
     return value
 
 
-class PvcDirectory(_SpecModel):
+class PvcDirectory(SpecModel):
     """A directory on a PersistentVolumeClaim in the CTD's namespace."""
 
     claim_name: str = Field(min_length=1, max_length=253, pattern=_NAME, description="The PVC's name.")
@@ -41,7 +34,7 @@ class PvcDirectory(_SpecModel):
         return _no_parent_dirs(value, "subPath")
 
 
-class PvcFile(_SpecModel):
+class PvcFile(SpecModel):
     claim_name: str = Field(min_length=1, max_length=253, pattern=_NAME, description="The PVC's name.")
     path: str = Field(min_length=1, max_length=512, pattern=_SUB_PATH_PATTERN, description="File inside the volume (relative).")
 
@@ -51,12 +44,12 @@ class PvcFile(_SpecModel):
         return _no_parent_dirs(value, "path") or value
 
 
-class ConfigMapFile(_SpecModel):
+class ConfigMapFile(SpecModel):
     name: str = Field(min_length=1, max_length=253, pattern=_NAME, description="The ConfigMap's name.")
     key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Its key holding the JSONL.")
 
 
-class CalibrationSource(_SpecModel):
+class CalibrationSource(SpecModel):
     """The calibration texts: a JSONL file (one {"text": ...} per line). Exactly one source."""
 
     model_config = ConfigDict(
@@ -80,7 +73,7 @@ class CalibrationSource(_SpecModel):
         return self
 
 
-class QuantizationSpec(_SpecModel):
+class QuantizationSpec(SpecModel):
     """AWQ-quantize the fp16 weights in an offline Job and serve the result read-only."""
 
     method: Literal["awq"] = Field(
@@ -111,7 +104,7 @@ class QuantizationSpec(_SpecModel):
     )
 
 
-class QuantizationStatus(_StatusModel):
+class QuantizationStatus(StatusModel):
     """Written into the CTD's status.quantization by the reconcile."""
 
     hash: str = Field("", description="Content hash of the quantization spec this refers to.")

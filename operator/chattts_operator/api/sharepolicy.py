@@ -34,9 +34,8 @@ from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
-from .common import Condition
+from .common import Condition, SpecModel, StatusModel
 from .rules import (
     LABEL_KEY_RULE,
     LABEL_VALUES_SCHEMA,
@@ -121,25 +120,13 @@ def load_timezone(name: str) -> ZoneInfo:
         ) from None
 
 
-class _SpecModel(BaseModel):
-    """Spec models: camelCase in the CRD, snake_case in Python, unknown fields rejected."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class _StatusModel(BaseModel):
-    """Status models: camelCase; unknown fields from an older operator are ignored."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
 _SHARES_RULE = {
     "rule": "self.online + self.offline <= 100",
     "message": "online + offline may not exceed 100 (percent of the pool's GPU memory)",
 }
 
 
-class Shares(_SpecModel):
+class Shares(SpecModel):
     """How the pool's GPU memory is split, in percent. What neither side gets stays free."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_SHARES_RULE]})
@@ -157,7 +144,7 @@ class Shares(_SpecModel):
         return self
 
 
-class ScheduleWindow(_SpecModel):
+class ScheduleWindow(SpecModel):
     """A daily time window with its shares. ``end`` not after ``start`` means the window
     crosses midnight and ends the next day."""
 
@@ -222,7 +209,7 @@ class ScheduleWindow(_SpecModel):
         return parse_clock_time(self.end) <= parse_clock_time(self.start)
 
 
-class LabelSelectorRequirement(_SpecModel):
+class LabelSelectorRequirement(SpecModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -257,7 +244,7 @@ class LabelSelectorRequirement(_SpecModel):
         return self
 
 
-class LabelSelector(_SpecModel):
+class LabelSelector(SpecModel):
     """A Kubernetes label selector (matchLabels and matchExpressions, ANDed)."""
 
     match_labels: dict[str, str] = Field(default_factory=dict, json_schema_extra=match_labels_schema())
@@ -269,7 +256,7 @@ class LabelSelector(_SpecModel):
         return check_match_labels(value) or {}
 
 
-class GPUSharePolicySpec(_SpecModel):
+class GPUSharePolicySpec(SpecModel):
     """A GPU pool and the daily windows that split it between online and offline members."""
 
     model_config = ConfigDict(
@@ -325,23 +312,23 @@ class GPUSharePolicySpec(_SpecModel):
 # --- status -----------------------------------------------------------------------
 
 
-class PoolStatus(_StatusModel):
+class PoolStatus(StatusModel):
     nodes: int = Field(0, description="Ready, schedulable nodes in the pool.")
     gpu_memory_mi_b: int = Field(0, alias="gpuMemoryMiB", description="The pool's GPU memory (MiB).")
 
 
-class UsageStatus(_StatusModel):
+class UsageStatus(StatusModel):
     online_mi_b: int = Field(0, alias="onlineMiB", description="GPU memory (MiB) asked by online members.")
     offline_mi_b: int = Field(0, alias="offlineMiB", description="GPU memory (MiB) asked by offline members.")
     total_mi_b: int = Field(0, alias="totalMiB", description="Both together; never above the pool.")
 
 
-class BudgetStatus(_StatusModel):
+class BudgetStatus(StatusModel):
     online_mi_b: int = Field(0, alias="onlineMiB", description="The online share of the pool (MiB).")
     offline_mi_b: int = Field(0, alias="offlineMiB", description="The offline share of the pool (MiB).")
 
 
-class MemberStatus(_StatusModel):
+class MemberStatus(StatusModel):
     kind: str = Field(description="ChatTTSDeployment (online) or Job (offline).")
     namespace: str
     name: str
@@ -351,7 +338,7 @@ class MemberStatus(_StatusModel):
     reason: str = Field("", description="Why it has this cap or state.")
 
 
-class ActionRecord(_StatusModel):
+class ActionRecord(StatusModel):
     time: str = Field(description="RFC 3339 UTC, from the operator's clock.")
     action: str = Field(description="Suspend, Resume, ScaleDown or ScaleUp.")
     kind: str
@@ -360,7 +347,7 @@ class ActionRecord(_StatusModel):
     reason: str
 
 
-class GPUSharePolicyStatus(_StatusModel):
+class GPUSharePolicyStatus(StatusModel):
     observed_generation: int | None = None
     window: str = Field("", description="The window in force ('' outside every window: default shares).")
     next_change: str | None = Field(None, description="When the window in force changes next (RFC 3339 UTC).")
