@@ -251,6 +251,10 @@ def test_status_records_decisions_conditions_and_history():
     assert len(again.decisions) == len(held.decisions)  # a repeated hold adds no record
     assert not worth_writing(held, again)
 
+    stamped = next_status(None, up, 1, 1000.0, generation=7)  # the conditions say which spec they judged
+    assert {c.observed_generation for c in stamped.conditions} == {7}
+    assert all(c.model_dump(by_alias=True)["observedGeneration"] == 7 for c in stamped.conditions)
+
     failed = next_status(None, up, 1, 1000.0, scale_error="Forbidden")
     assert failed.decisions[-1].reason == "ScaleFailed" and failed.scale_events == []
     assert next(c for c in failed.conditions if c.type == "AbleToScale").status == "False"

@@ -20,12 +20,11 @@ import math
 import re
 import string
 from urllib.parse import urlsplit
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .common import SpecModel, StatusModel
+from .common import Condition, SpecModel, StatusModel, format_time, parse_time
 from .rules import Rule, cel, enforce
 
 # Go's time.ParseDuration subset we accept: one or more <number><unit>, units ms/s/m/h.
@@ -71,16 +70,6 @@ def format_duration(seconds: float) -> str:
 def _trim(value: float) -> str:
     text = f"{value:.3f}".rstrip("0").rstrip(".")
     return text or "0"
-
-
-def format_time(epoch_seconds: float) -> str:
-    """RFC 3339 UTC with second precision, the form Kubernetes uses for timestamps."""
-    return datetime.fromtimestamp(epoch_seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> float:
-    """Epoch seconds of an RFC 3339 timestamp (``Z`` or an offset)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _validate_duration(value: str, field: str, *, minimum: float = 0.0) -> str:
@@ -535,18 +524,6 @@ class AutoscalingSpec(SpecModel):
 # --- status -------------------------------------------------------------------------
 
 
-class AutoscalingCondition(StatusModel):
-    """A condition in Kubernetes API conventions. Types used: ScalingActive (False when the
-    metric is missing or stale: replicas hold), AbleToScale, ScalingLimited (desired
-    replicas clamped by min/max or the GPU share)."""
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = ""
-    last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
-
-
 class ScalingDecisionRecord(StatusModel):
     """One evaluation that changed something or explains why nothing changed."""
 
@@ -605,12 +582,11 @@ class AutoscalingStatus(StatusModel):
     scale_events: list[ScaleEventRecord] = Field(
         default_factory=list, description="Replica changes within the longest policy period."
     )
-    conditions: list[AutoscalingCondition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
     batch_token_tuning: BatchTokenTuningStatus | None = None
 
 
 __all__ = [
-    "AutoscalingCondition",
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BatchTokenTuning",

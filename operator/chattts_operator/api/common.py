@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from types import ModuleType
 from typing import Any, Literal
@@ -106,3 +107,18 @@ def parse_live_quantity(value: Any) -> Decimal:
 def bytes_to_mib(quantity: Any) -> int:
     """A memory quantity in bytes ('24Gi') -> whole MiB, rounded up (never under-count)."""
     return int(math.ceil(parse_live_quantity(quantity) / MIB))
+
+
+def format_time(instant: datetime | float) -> str:
+    """The API's timestamp (RFC 3339, UTC, to the second) of an aware datetime or epoch seconds: the one
+    formatter for status and Events (``core.clock.rfc3339`` gives it the operator's clock)."""
+    if not isinstance(instant, datetime):
+        instant = datetime.fromtimestamp(instant, tz=timezone.utc)
+    elif instant.tzinfo is None:
+        raise ValueError("format_time needs an aware datetime (UTC)")
+    return instant.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds of an RFC 3339 timestamp (``Z`` or an offset)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -264,7 +264,8 @@ class Autoscaler:
                 state.history = replace(decision.history, scale_events=history.scale_events,
                                         last_scale_up=history.last_scale_up)
 
-        new_status = next_status(previous, decision, current, now, scale_error=scale_error)
+        new_status = next_status(previous, decision, current, now, scale_error=scale_error,
+                                 generation=(body.get("metadata") or {}).get("generation"))
         tuning = self._tune(body, auto, previous, decision, now)
         if tuning is not None:
             new_status.batch_token_tuning = tuning.state

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from chattts_operator.api.common import Condition
 from chattts_operator.api.autoscaling import (
     MAX_DECISIONS_KEPT,
-    AutoscalingCondition,
     AutoscalingStatus,
     RecommendationRecord,
     ScaleEventRecord,
@@ -32,10 +32,11 @@ def history_from_status(status: AutoscalingStatus | None) -> History:
     )
 
 
-def _condition(previous: list[AutoscalingCondition], ctype: str, ok: bool, reason: str, message: str, now: str) -> AutoscalingCondition:
+def _condition(previous: list[Condition], ctype: str, ok: bool, reason: str, message: str, now: str,
+               generation: int | None) -> Condition:
     before = [c.model_dump(by_alias=True) for c in previous]
-    [merged] = merge_conditions(before, [condition(ctype, ok, reason, message)], now)
-    return AutoscalingCondition.model_validate(merged)
+    [merged] = merge_conditions(before, [condition(ctype, ok, reason, message, generation=generation)], now)
+    return Condition.model_validate(merged)
 
 
 def next_status(
@@ -45,8 +46,10 @@ def next_status(
     now: float,
     *,
     scale_error: str | None = None,
+    generation: int | None = None,
 ) -> AutoscalingStatus:
-    """status.autoscaling after ``decision`` (and the scale write's outcome, if it failed)."""
+    """status.autoscaling after ``decision`` (and the scale write's outcome, if it failed); its conditions
+    carry ``generation``, the object's metadata.generation the decision read."""
     previous = previous or AutoscalingStatus()
     stamp = format_time(now)
     applied = scale_error is None
@@ -76,14 +79,14 @@ def next_status(
         _condition(previous.conditions, "ScalingActive", decision.metric_ok,
                    "ValidMetric" if decision.metric_ok else (decision.metric_problem
                                                              or decision.reason.removeprefix("Hold")),
-                   decision.message if not decision.metric_ok else "the metric is fresh and valid", stamp),
+                   decision.message if not decision.metric_ok else "the metric is fresh and valid", stamp, generation),
         _condition(previous.conditions, "AbleToScale", applied,
                    "SucceededRescale" if applied else "FailedUpdateScale",
-                   scale_error or "the scale subresource accepts changes", stamp),
+                   scale_error or "the scale subresource accepts changes", stamp, generation),
         _condition(previous.conditions, "ScalingLimited", bool(decision.limited_by),
                    decision.limited_by or "DesiredWithinRange",
                    f"limited by {decision.limited_by}" if decision.limited_by else "the desired count is within range",
-                   stamp),
+                   stamp, generation),
     ]
     return AutoscalingStatus(
         current_metric=format_duration(decision.metric_value) if decision.metric_value is not None else previous.current_metric,

@@ -10,6 +10,8 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
+from chattts_operator.api.common import format_time
+
 Clock = Callable[[], datetime]
 
 
@@ -34,8 +36,9 @@ def now() -> datetime:
 
 
 def rfc3339(instant: datetime | None = None) -> str:
-    """``instant`` (default: the system's now) as the API's timestamp, to the second."""
-    return (instant or system_clock()).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``instant`` (default: the operator's clock's now, so a test clock stamps status too) as the API's
+    timestamp, to the second."""
+    return format_time(instant if instant is not None else now())
 
 
 class ManualClock:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from chattts_operator.api.sharepolicy import MAX_ACTIONS_KEPT, MAX_MEMBERS_LISTED
+from chattts_operator.core.clock import rfc3339
 from chattts_operator.core.conditions import condition, merge_conditions
 from chattts_operator.sharepolicy.planner import OFFLINE_KIND, ONLINE_KIND, Action, OfflineMember, OnlineMember, Plan
 
@@ -26,9 +27,7 @@ class Write:
 
 
 def format_time(instant: datetime | None) -> str | None:
-    if instant is None:
-        return None
-    return instant.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if instant is None else rfc3339(instant)
 
 
 def writes_for(plan: Plan, online: Sequence[OnlineMember], offline: Sequence[OfflineMember]) -> list[Write]:
