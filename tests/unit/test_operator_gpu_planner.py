@@ -6,7 +6,7 @@ import pytest
 from chattts_runtime.config import WeightFormat
 
 from chattts_operator.api import EngineSpec, GpuSpec, ModelShape
-from chattts_operator.api.chattts import parse_quantity, quantity_to_mib
+from chattts_operator.api.common import parse_live_quantity, parse_quantity, quantity_to_mib
 from chattts_operator.deployment.gpu import (
     GpuAssignmentError,
     GpuCodec,
@@ -28,6 +28,7 @@ SETTINGS = OperatorSettings()
 )
 def test_parse_quantity(text, value):
     assert parse_quantity(text) == pytest.approx(value)
+    assert parse_live_quantity(text) == parse_quantity(text)  # one codec: a live object's value reads the same
 
 
 @pytest.mark.parametrize("text", ["8 GB", "8GB", "", "Gi", "8gi", "--1"])

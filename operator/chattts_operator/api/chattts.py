@@ -9,7 +9,6 @@ runs the bad-input corpus through both.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any, Literal
 
@@ -19,7 +18,7 @@ from chattts_runtime.config import MANAGED_ENGINE_FLAGS, MAX_SERVED_NAME, SERVED
 
 from .access import AuthSpec, NetworkPolicySpec
 from .autoscaling import AutoscalingSpec, AutoscalingStatus
-from .common import Condition, SpecModel, StatusModel
+from .common import QUANTITY_PATTERN, Condition, SpecModel, StatusModel, parse_quantity, quantity_to_mib
 from .quantization import QuantizationSpec, QuantizationStatus
 from .rules import Rule, cel, enforce
 
@@ -37,38 +36,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MAX_NAME_LENGTH = 45
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035: the name is also the Service's name.
 
-QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
 EXTRA_ARG_PATTERN = r"^--[a-z0-9][a-z0-9-]*(=.*)?$"
 MANAGED_FLAGS_SORTED = sorted(MANAGED_ENGINE_FLAGS)
-
-_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL_SUFFIXES = {"m": Decimal("0.001"), "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                     "P": 10**15, "E": 10**18}
-
-
-def parse_quantity(text: str) -> Decimal:
-    """The value of a Kubernetes quantity (``8Gi`` -> 8589934592); ValueError if malformed."""
-    if not isinstance(text, str) or not re.fullmatch(QUANTITY_PATTERN, text):
-        raise ValueError(f"{text!r} is not a Kubernetes quantity: write e.g. 8Gi, 8192Mi or 24G")
-    match = re.fullmatch(r"([+]?[0-9.]+)([eE][-+]?[0-9]+)?([A-Za-z]*)", text)
-    assert match is not None  # the pattern above guarantees it
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else 1)
-    except InvalidOperation:  # pragma: no cover - the pattern rules this out
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from None
-    if suffix in _BINARY_SUFFIXES:
-        return value * _BINARY_SUFFIXES[suffix]
-    return value * _DECIMAL_SUFFIXES[suffix]
-
-
-def quantity_to_mib(text: str) -> int:
-    """Whole MiB, rounded up (extended resources and the GFD label are integers in MiB)."""
-    value = parse_quantity(text)
-    mib = value / (1 << 20)
-    whole = int(mib)
-    return whole + (1 if mib > whole else 0)
-
 
 # --- model ----------------------------------------------------------------------------
 

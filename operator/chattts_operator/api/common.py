@@ -77,36 +77,58 @@ class CrdKind:
         )
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-            "P": Decimal(10**15), "E": Decimal(10**18)}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+# Kubernetes quantities: one suffix table for the spec's strict form and for live objects' values.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+_SUFFIXES = {"Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+             "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+             "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+             "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+             "P": Decimal(10**15), "E": Decimal(10**18)}
+_PARTS = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 MIB = 2**20
 
 
+def _value(text: str, original: Any) -> Decimal:
+    match = _PARTS.match(text)
+    if not match:
+        raise ValueError(f"invalid quantity {original!r}: expected a number with an optional suffix such as Mi or Gi")
+    number, exponent, suffix = match.groups()
+    try:
+        value = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else 1)
+    except InvalidOperation:
+        raise ValueError(f"invalid quantity {original!r}") from None
+    return value * _SUFFIXES[suffix or ""]
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A quantity as a spec must write it (the CRD's pattern: ``8Gi`` -> 8589934592); ValueError if not."""
+    if not isinstance(text, str) or not re.fullmatch(QUANTITY_PATTERN, text):
+        raise ValueError(f"{text!r} is not a Kubernetes quantity: write e.g. 8Gi, 8192Mi or 24G")
+    return _value(text, text)
+
+
 def parse_live_quantity(value: Any) -> Decimal:
-    """A quantity as a live object carries it ('24Gi', '1500M', '3', 3, '100m') as a Decimal; ValueError
-    if malformed. Lenient where the spec's ``api.chattts.parse_quantity`` is strict."""
+    """A quantity as a live object carries it ('24Gi', '1500M', '3', 3, '100m', '-1') as a Decimal;
+    ValueError if malformed. Lenient where ``parse_quantity`` (a spec's) is strict."""
     if isinstance(value, bool):
         raise ValueError(f"invalid quantity {value!r}")
     if isinstance(value, (int, float)):
         return Decimal(str(value))
-    text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if not match:
-        raise ValueError(f"invalid quantity {value!r}: expected a number with an optional suffix such as Mi or Gi")
-    try:
-        number = Decimal(match.group(1))
-    except InvalidOperation:
-        raise ValueError(f"invalid quantity {value!r}") from None
-    suffix = match.group(2) or ""
-    return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
+    return _value(str(value).strip(), value)
+
+
+def _whole_mib(value: Decimal) -> int:
+    return int(math.ceil(value / MIB))  # rounded up: memory is never under-counted
+
+
+def quantity_to_mib(text: str) -> int:
+    """A spec's quantity in whole MiB, rounded up (extended resources and the GFD label are MiB integers)."""
+    return _whole_mib(parse_quantity(text))
 
 
 def bytes_to_mib(quantity: Any) -> int:
-    """A memory quantity in bytes ('24Gi') -> whole MiB, rounded up (never under-count)."""
-    return int(math.ceil(parse_live_quantity(quantity) / MIB))
+    """A live object's memory quantity in bytes ('24Gi') -> whole MiB, rounded up."""
+    return _whole_mib(parse_live_quantity(quantity))
 
 
 def format_time(instant: datetime | float) -> str:

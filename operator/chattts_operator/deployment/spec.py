@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chattts_operator.api.chattts import KIND, ChatTTSDeploymentSpec, parse_quantity, validate_name
+from chattts_operator.api.chattts import KIND, ChatTTSDeploymentSpec, validate_name
+from chattts_operator.api.common import parse_quantity
 from chattts_operator.api.sharepolicy import POOL_AFFINITY_ANNOTATION, REPLICA_CAP_ANNOTATION
 from chattts_operator.core.labels import INTENT_HASH_ANNOTATION
 from chattts_operator.core.settings import OperatorSettings
