@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from chattts_runtime import metric_names
+
 from bench.runtime import launch, loadgen
 from bench.runtime.launch import free_port, log_tail, wait_ready  # noqa: F401  (imported from here by other benches)
 
@@ -152,7 +154,7 @@ async def scrape(url: str) -> dict[str, float]:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name in ("vllm:scheduler_deadline_wait_seconds_sum", "vllm:scheduler_deadline_wait_seconds_count",
+            if s.name in (f"{metric_names.SCHEDULER_DEADLINE_WAIT}_sum", f"{metric_names.SCHEDULER_DEADLINE_WAIT}_count",
                           "chattts_batch_size_sum", "chattts_batch_size_count",
                           "chattts_event_loop_lag_seconds_sum", "chattts_event_loop_lag_seconds_count"):
                 out[s.name] = s.value
@@ -187,10 +189,10 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    waits = delta("vllm:scheduler_deadline_wait_seconds_count")
+    waits = delta(f"{metric_names.SCHEDULER_DEADLINE_WAIT}_count")
     steps = delta("chattts_batch_size_count")
     row["server_cpu_cores"] = (cpu1 - cpu0) / row["wall_s"] if cpu0 is not None and cpu1 is not None else None
-    row["deadline_wait_mean_s"] = delta("vllm:scheduler_deadline_wait_seconds_sum") / waits if waits else None
+    row["deadline_wait_mean_s"] = delta(f"{metric_names.SCHEDULER_DEADLINE_WAIT}_sum") / waits if waits else None
     row["mean_batch_size"] = delta("chattts_batch_size_sum") / steps if steps else None
     row["engine_steps_per_s"] = steps / row["wall_s"] if row["wall_s"] else None  # 1 / (a step's wall time)
     lags = delta("chattts_event_loop_lag_seconds_count")  # the speech server's loop: late by this much per timer

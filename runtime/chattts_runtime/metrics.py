@@ -22,6 +22,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from chattts_runtime import metric_names as names
 from chattts_runtime.engines.base import SynthesisRequest
 
 _WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -38,28 +39,28 @@ class RuntimeMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.deadline_wait = Histogram(
-            "vllm:scheduler_deadline_wait_seconds",
+            names.SCHEDULER_DEADLINE_WAIT,
             "Time from request arrival until the engine first runs it.", buckets=_WAIT_BUCKETS, registry=r)
-        self.waiting = Gauge("chattts_requests_waiting", "Requests waiting to be scheduled.", registry=r)
-        self.running = Gauge("chattts_requests_running", "Requests being generated.", registry=r)
-        self.batch_size = Histogram("chattts_batch_size", "Sequences per engine step.",
+        self.waiting = Gauge(names.REQUESTS_WAITING, "Requests waiting to be scheduled.", registry=r)
+        self.running = Gauge(names.REQUESTS_RUNNING, "Requests being generated.", registry=r)
+        self.batch_size = Histogram(names.BATCH_SIZE, "Sequences per engine step.",
                                     buckets=_BATCH_BUCKETS, registry=r)
-        self.ttfa = Histogram("chattts_time_to_first_audio_seconds",
+        self.ttfa = Histogram(names.TIME_TO_FIRST_AUDIO,
                               "Arrival to first audio bytes ready.", buckets=_WAIT_BUCKETS, registry=r)
         self.first_audio_stage = Histogram(
-            "chattts_first_audio_stage_seconds", "Seconds of each stage on a response's way to its first audio.",
+            names.FIRST_AUDIO_STAGE, "Seconds of each stage on a response's way to its first audio.",
             ["stage"], buckets=_WAIT_BUCKETS, registry=r)
-        self.rtf = Histogram("chattts_real_time_factor", "Synthesis wall time / audio duration, per request.",
+        self.rtf = Histogram(names.REAL_TIME_FACTOR, "Synthesis wall time / audio duration, per request.",
                              buckets=_RTF_BUCKETS, registry=r)
-        self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio produced.", registry=r)
-        self.requests = Counter("chattts_requests", "Finished requests by outcome.", ["status"], registry=r)
-        self.steps = Counter("chattts_engine_steps", "Generation steps run by the engine.", registry=r)
-        self.http_refused = Counter("chattts_http_refused", "Connections and requests refused before the app, "
+        self.audio_seconds = Counter(names.AUDIO_SECONDS, "Seconds of audio produced.", registry=r)
+        self.requests = Counter(names.REQUESTS, "Finished requests by outcome.", ["status"], registry=r)
+        self.steps = Counter(names.ENGINE_STEPS, "Generation steps run by the engine.", registry=r)
+        self.http_refused = Counter(names.HTTP_REFUSED, "Connections and requests refused before the app, "
                                     "by reason.", ["reason"], registry=r)
-        self.loop_lag = Histogram("chattts_event_loop_lag_seconds", "How late the event loop runs a timer.",
+        self.loop_lag = Histogram(names.EVENT_LOOP_LAG, "How late the event loop runs a timer.",
                                   buckets=_LAG_BUCKETS, registry=r)
         self.upstream_data_missing = Gauge(
-            "chattts_upstream_data_missing", "1 when start-up did not find this upstream data the config asks for "
+            names.UPSTREAM_DATA_MISSING, "1 when start-up did not find this upstream data the config asks for "
             "(homophones, speaker_stats, normalizer_zh, normalizer_en), else 0.", ["item"], registry=r)
 
     async def watch_loop_lag(self, interval: float = LAG_SAMPLE_SECONDS) -> None:

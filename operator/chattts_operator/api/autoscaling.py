@@ -22,6 +22,7 @@ import string
 from urllib.parse import urlsplit
 from typing import Any, Literal
 
+from chattts_runtime import metric_names
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .common import Condition, SpecModel, StatusModel, format_time, parse_time
@@ -37,7 +38,7 @@ QUERY_PLACEHOLDERS = frozenset({"namespace", "name", "window", "quantile", "sele
 
 DEFAULT_PROMETHEUS_QUERY = (
     "histogram_quantile($quantile, sum by (le) (rate("
-    'vllm:scheduler_deadline_wait_seconds_bucket{namespace="$namespace",$selector}[$window])))'
+    f'{metric_names.SCHEDULER_DEADLINE_WAIT}_bucket{{namespace="$namespace",$selector}}[$window])))'
 )
 
 # How many past decisions status keeps: enough to read a scaling story, small enough

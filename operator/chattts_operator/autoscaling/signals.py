@@ -20,14 +20,16 @@ from typing import Iterable, Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from chattts_runtime import metric_names as names
+
 from chattts_operator.autoscaling.decision import FleetSample
 
-WAIT_HISTOGRAM = "vllm:scheduler_deadline_wait_seconds"
+WAIT_HISTOGRAM = names.SCHEDULER_DEADLINE_WAIT
 # In order of preference: the runtime's own gauges, then vLLM's.
-RUNNING_GAUGES = ("chattts_requests_running", "vllm:num_requests_running")
-WAITING_GAUGES = ("chattts_requests_waiting", "vllm:num_requests_waiting")
+RUNNING_GAUGES = (names.REQUESTS_RUNNING, "vllm:num_requests_running")
+WAITING_GAUGES = (names.REQUESTS_WAITING, "vllm:num_requests_waiting")
 # Sequences per engine step, summed: the frames generated (the capacity signal's counter).
-FRAMES_SUM = "chattts_batch_size_sum"
+FRAMES_SUM = f"{names.BATCH_SIZE}_sum"
 
 
 class MetricError(RuntimeError):
