@@ -25,6 +25,7 @@ from chattts_operator.core.podhttp import PodHttp
 from chattts_operator.core.labels import PERSISTENCE_PREFIX
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.controller import DeploymentController
+from chattts_operator.quantization.controller import QuantizationReconciler
 from chattts_operator.sharepolicy.controller import SharePolicyController
 
 # What handlers.py subscribes to (it imports nothing else of ours).
@@ -104,7 +105,7 @@ async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...
     settings = settings or OperatorSettings.from_env()
     kube = Kube(await make_api_client())
     pod_http = PodHttp(settings.autoscaler.metrics_url_annotation)
-    deployments = DeploymentController(kube, settings, http=pod_http)
+    deployments = DeploymentController(kube, settings, QuantizationReconciler(kube, settings), http=pod_http)
     app = App(
         settings=settings,
         kube=kube,

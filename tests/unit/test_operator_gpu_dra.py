@@ -9,7 +9,7 @@ from chattts_operator.api.quantization import PvcDirectory, QuantizationSpec
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import resource_claim_template_name
 from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, assign_gpu, dra_allocation_status
-from chattts_operator.deployment.quantization import build_quantization_job
+from chattts_operator.quantization.plan import build_quantization_job
 from chattts_operator.deployment.spec import desired_state, parse_spec
 from chattts_operator.sharepolicy.observe import Claims, offline_member, online_member, pod_memory_mib
 

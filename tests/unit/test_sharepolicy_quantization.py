@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from chattts_operator.api.quantization import QuantizationSpec
-from chattts_operator.deployment.quantization import (
+from chattts_operator.quantization.plan import (
     job_name,
     job_state,
     plan_quantization,

@@ -1,6 +1,6 @@
 """`spec.quantization` of a ChatTTSDeployment: the models (AWQ quantization as an offline
 Job). The Job builder and the planner that decides which weights the serving pods mount
-are in ``deployment/quantization.py``."""
+are in ``quantization/`` (plan.py, controller.py)."""
 from __future__ import annotations
 
 from typing import Literal

@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -59,22 +59,14 @@ from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import (
     HTTP_PORT,
     Owner,
-    build_resource_claim_template,
     mounted_configmap,
     network_policy_name,
     replicaset_revision,
 )
 from chattts_operator.deployment.gpu import (
-    GpuAssignmentError,
-    DraRequest,
     GpuCodec,
-    assign_gpu,
     dra_allocation_status,
-    node_affinity,
 )
-from chattts_operator.deployment.quantization import COMPONENT as QUANTIZE_COMPONENT
-from chattts_operator.deployment.quantization import QuantizationPlan, job_selector, plan_quantization
-from chattts_operator.deployment.quantization import labels_for as quantization_labels
 from chattts_operator.deployment.spec import (
     Desired,
     InvalidSpec,
@@ -96,6 +88,10 @@ from chattts_operator.deployment.status import (
     unschedulable_message,
     upstream_data_condition,
 )
+
+
+if TYPE_CHECKING:  # the feature's plan type only: the step itself is handed in
+    from chattts_operator.quantization.plan import QuantizationPlan
 
 log = logging.getLogger("chattts_operator")
 
@@ -134,10 +130,21 @@ class _Slot:
     upstream: HealthAnswer | None = None  # the last /health answer (status's UpstreamData); None: not asked
 
 
+class QuantizationStep(Protocol):
+    """The quantization feature's step of a reconcile (``quantization.controller``): its Job, and the
+    weights the pods mount; None when quantization was never asked for. Handed in by ``app.py``, so
+    this controller does not import the feature above it."""
+
+    async def __call__(self, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
+                       previous_status: dict[str, Any]) -> "QuantizationPlan | None": ...
+
+
 class DeploymentController:
-    def __init__(self, kube: Kube, settings: OperatorSettings, http: PodHttp | None = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, quantization: QuantizationStep,
+                 http: PodHttp | None = None) -> None:
         self.kube = kube
         self.settings = settings
+        self.quantization = quantization
         # The app's client of the pods' endpoints (shared with the autoscaler), else one of its own.
         self._own_http = http is None
         self.http = http or PodHttp(settings.autoscaler.metrics_url_annotation)
@@ -450,7 +457,7 @@ class DeploymentController:
             await self._write_invalid_status(body, previous_status, str(err))
             return "invalid"
         # AWQ quantization (api/quantization.py): the Job, and which weights the pods mount.
-        quantization = await self._reconcile_quantization(body, spec, previous_status)
+        quantization = await self.quantization(body, spec, previous_status)
         desired = self._desired(key, body, spec, quantization, await self.nodes.largest_gpu_mib())
         slot = self._slots.get(key)
         if slot is not None and slot.change_started_at is not None and slot.change_built_at is None:
@@ -634,60 +641,6 @@ class DeploymentController:
         slot.desired = desired_state(body, spec, self.settings, largest_node_gpu_mib=largest_node_gpu_mib)
         slot.desired_inputs = inputs
         return slot.desired
-
-    async def _reconcile_quantization(self, body: dict[str, Any], spec: ChatTTSDeploymentSpec,
-                                      previous_status: dict[str, Any]) -> QuantizationPlan | None:
-        """Create the quantization Job once, delete Jobs of an older spec, and decide which
-        weights the pods mount. None when quantization was never asked for."""
-        meta = body["metadata"]
-        if spec.quantization is None and previous_status.get("quantization") is None:
-            return None  # never asked for (status records it while a Job may exist): no Jobs LIST
-        jobs = await self.kube.list_namespaced("Job", meta["namespace"], job_selector(meta["name"]))
-        if spec.quantization is None and not jobs and previous_status.get("quantization") is None:
-            return None
-        gpu_spec = spec.gpu
-        if spec.quantization is not None and spec.quantization.gpu_memory:
-            gpu_spec = gpu_spec.model_copy(update={"memory": spec.quantization.gpu_memory})
-        claim_template = None
-        try:
-            gpu = assign_gpu(gpu_spec, self.settings)
-            limits, affinity, selector = gpu.limits, node_affinity(gpu, self.settings), gpu.node_selector
-        except GpuAssignmentError:
-            limits, affinity, selector = {}, None, {}
-        else:
-            if gpu.dra is not None and spec.quantization is not None:
-                claim_template = await self._apply_quantization_claim_template(meta, gpu.dra)
-        tolerations = []
-        if self.settings.gpu_toleration_key:
-            tolerations.append({"key": self.settings.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"})
-        tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-        plan = plan_quantization(
-            ctd_name=meta["name"], namespace=meta["namespace"], owner_uid=meta["uid"], spec=body.get("spec") or {},
-            jobs=jobs, previous=previous_status.get("quantization"),
-            image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
-            gpu_limits=limits, tolerations=tolerations,
-            node_affinity=(affinity or {}).get("nodeAffinity"), node_selector=selector,
-            generation=int(meta.get("generation") or 1), gpu_claim_template=claim_template,
-        )
-        if plan.job_to_create is not None:
-            await self.kube.create(plan.job_to_create)
-        for name in plan.stale_jobs:
-            await self.kube.delete("Job", meta["namespace"], name)
-        for event_type, reason, message in plan.events:
-            await self._post_event(body, event_type, reason, message)
-        return plan
-
-    async def _apply_quantization_claim_template(self, meta: dict[str, Any], dra: DraRequest) -> str:
-        """The dra profile's template for the quantization Job's pod (its own name and labels:
-        its claims are not the serving pods'); applied when missing or changed."""
-        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
-        template = build_resource_claim_template(owner, dra, purpose=QUANTIZE_COMPONENT,
-                                                 labels=quantization_labels(meta["name"]))
-        name = template["metadata"]["name"]
-        if needs_apply(template, await self.kube.get("ResourceClaimTemplate", owner.namespace, name)):
-            await self.kube.apply(template)
-            metrics.CHILD_WRITES.labels("ResourceClaimTemplate").inc()
-        return name
 
     async def _reconcile_claims(self, desired: Desired, previous_status: dict[str, Any], observed: Observed) -> bool:
         """dra profile: read the serving pods' claims (what the scheduler allocated) and, while a
