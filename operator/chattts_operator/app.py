@@ -111,7 +111,7 @@ async def start(kopf_settings: kopf.OperatorSettings, namespaces: tuple[str, ...
         kube=kube,
         deployments=deployments,
         share_policies=SharePolicyController(kube, settings, clock=clock.now),
-        autoscaler=Autoscaler(kube, settings, deployments=deployments, http=pod_http),
+        autoscaler=Autoscaler(kube, settings, on_tuned=deployments.roll_out_tuned, http=pod_http),
         pod_http=pod_http,
     )
     deployments.start(tuple(namespaces or settings.watch_namespaces))

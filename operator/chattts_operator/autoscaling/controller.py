@@ -31,6 +31,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable
 
 from chattts_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus, format_duration
 from chattts_operator.api.chattts import API_VERSION, KIND
@@ -53,7 +54,6 @@ from chattts_operator.core.podhttp import PodHttp, pod_ready, pod_url
 from chattts_operator.core.labels import AUTOSCALER_FIELD_MANAGER, METRICS_URL_ANNOTATION, selector_string
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import deployment_name
-from chattts_operator.deployment.controller import DeploymentController
 from chattts_operator.deployment.gpu import GpuAssignmentError, assign_gpu
 from chattts_operator.deployment.memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_memory
 from chattts_operator.deployment.spec import InvalidSpec, parse_spec
@@ -100,16 +100,20 @@ class _ObjectState:
     last_errors: dict[str, str] = field(default_factory=dict)
 
 
+# Called with the object as the autoscaler wrote it (its tuned value in status): roll it out now.
+SpecTuned = Callable[[dict], Awaitable[None]]
+
+
 class Autoscaler:
     """Holds the autoscaled objects seen by the watch and evaluates them every interval."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, deployments: DeploymentController | None = None,
+    def __init__(self, kube: Kube, settings: OperatorSettings, on_tuned: SpecTuned | None = None,
                  http: PodHttp | None = None) -> None:
         self.kube = kube
         self.settings = settings
-        # The deployment controller, to roll out a tuned engine setting at once rather than at
-        # its next resync; None when it is not running.
-        self.deployments = deployments
+        # Rolls out a tuned engine setting at once rather than at the deployment controller's next
+        # resync (app.py hands it in); None when no deployment controller runs.
+        self.on_tuned = on_tuned
         self.interval = settings.autoscaler.interval_seconds
         self.allow_url_annotation = settings.autoscaler.metrics_url_annotation
         self.bodies: dict[tuple[str, str], dict] = {}
@@ -286,11 +290,8 @@ class Autoscaler:
             log.info("%s/%s: batch-token tuning %s: %s", namespace, name, tuning.reason, tuning.message)
             await self._post_event(body, current, decision, reason=f"BatchTokens{tuning.reason}",
                                    message=tuning.message)
-            if self.deployments is not None and isinstance(updated, dict) and updated.get("metadata"):
-                # Hand the controller the object with the new tuned value, then roll it out now
-                # rather than at its next resync.
-                self.deployments.observe(copy.deepcopy(updated))
-                await self.deployments.reconcile_key((namespace, name), "batch-token-tuning")
+            if self.on_tuned is not None and isinstance(updated, dict) and updated.get("metadata"):
+                await self.on_tuned(copy.deepcopy(updated))  # the object with the new tuned value
         return decision
 
     def _tune(self, body: dict, auto: AutoscalingSpec, previous: AutoscalingStatus | None,

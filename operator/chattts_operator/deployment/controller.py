@@ -790,6 +790,13 @@ class DeploymentController:
             self.observe(updated)
         await self._post_event(body, "Warning", "InvalidSpec", message)
 
+    async def roll_out_tuned(self, body: dict[str, Any]) -> None:
+        """The autoscaler tuned an engine setting (its value in ``body``'s status): take the object
+        and reconcile it now rather than at the next resync."""
+        self.observe(body)
+        meta = body["metadata"]
+        await self.reconcile_key((meta["namespace"], meta["name"]), "batch-token-tuning")
+
     async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
         involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
