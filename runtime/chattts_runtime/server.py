@@ -6,20 +6,18 @@ in-flight responses up to a timeout (our shutdown grace), and streaming response
 plain async generators. The request body is parsed by hand (not a FastAPI body model)
 so every bad input gets OpenAI's error shape with a 4xx we choose.
 
-Routes: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /health`` (process alive),
-``GET /ready`` (model loaded and warmed, not draining), ``GET /metrics``.
+Routes (``routes/``, one module each): ``POST /v1/audio/speech``, ``POST /v1/audio/voices``,
+``GET /v1/models``, ``GET /health`` (process alive), ``GET /ready`` (model loaded and warmed, not
+draining), ``GET /metrics``. This module owns start-up, draining and shutdown.
 """
 
 
 import asyncio
-import base64
 import gc
 import signal
 import sys
-import json
 import logging
 import time
-from typing import Any
 
 from chattts_runtime.config import RuntimeConfig
 from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype
@@ -27,233 +25,17 @@ from chattts_runtime.engines.factory import create_engine, resolve_device, resol
 log = logging.getLogger(__name__)
 
 
-# Under these sizes the work takes well under a millisecond or two, less than a hop to a thread and
-# back costs a loaded server (the hop waits for the interpreter lock): done on the event loop.
-INLINE_JSON_BYTES = 16 * 1024
-INLINE_PREPARE_CHARS = 256
+SPEECH_PATH = "/v1/audio/speech"  # its outcomes are counted (chattts_requests_total); routes/speech.py serves it
 # The interpreter lock's switch interval in the speech server (Python's default is 5 ms): its threads
 # (the engine process's reader, decode and refine workers, to_thread hops) hand the lock back sooner.
 SWITCH_INTERVAL_SECONDS = 0.001
 
 
-async def off_loop_if(condition: bool, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a thread when ``condition`` (costly work), else right here on the loop."""
-    if condition:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
-
-
-def _error_response(err) -> Any:
-    from fastapi.responses import JSONResponse  # noqa: PLC0415
-
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-SPEECH_PATH = "/v1/audio/speech"
-
-
-def speech_openapi(model) -> dict:
-    """The speech route's body in the OpenAPI document (the route parses it by hand, for OpenAI-shaped errors)."""
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
-
-
 def build_app(holder: "ServiceHolder"):
-    from fastapi import FastAPI, Request  # noqa: PLC0415
-    from fastapi.exceptions import RequestValidationError  # noqa: PLC0415
-    from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: PLC0415
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
-    from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: PLC0415
+    """The FastAPI app: the routes of ``routes/`` (imported here: FastAPI loads with the server only)."""
+    from chattts_runtime.routes import build_app as assemble  # noqa: PLC0415
 
-    from starlette.requests import ClientDisconnect  # noqa: PLC0415
-
-    from chattts_runtime.abandon import Stopped, client_disconnected, unless  # noqa: PLC0415
-    from chattts_runtime.audio_io import CONTENT_TYPES, AudioEncoder  # noqa: PLC0415
-    from chattts_runtime.auth import APIKeys, BearerAuth  # noqa: PLC0415
-    from chattts_runtime.controls import refined_text_headers  # noqa: PLC0415
-    from chattts_runtime.limits import names_for_header, parse_json_object, read_body, unknown_fields  # noqa: PLC0415
-    from chattts_runtime.service import APIError, SpeechRequest, parse_speech_request  # noqa: PLC0415
-
-    app = FastAPI(title="chattts-runtime", lifespan=holder.lifespan)
-    limits = holder.config.server
-    if limits.api_keys_path:
-        keys = APIKeys(limits.api_keys_path, limits.api_keys_reload_seconds)
-        app.add_middleware(BearerAuth, keys=keys, on_refused=holder.count_refused)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, err: APIError):
-        holder.count_error(request.url.path, err)
-        return _error_response(err)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception):
-        log.exception("unexpected error answering %s", request.url.path)
-        return await _api_error(request, APIError(500, f"internal error ({type(err).__name__})",
-                                                  err_type="server_error"))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, err: StarletteHTTPException):
-        return await _api_error(request, APIError(err.status_code, str(err.detail), code="not_found"
-                                                  if err.status_code == 404 else None))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, err: RequestValidationError):
-        return await _api_error(request, APIError(400, str(err.errors()[0].get("msg", "invalid request"))))
-
-    @app.get("/health")
-    async def health():
-        service = holder.service  # upstream_data: what start-up found (None while loading)
-        return {"status": "ok", "upstream_data": None if service is None else service.upstream_data}
-
-    @app.get("/ready")
-    async def ready():
-        service = holder.service
-        if holder.failed:
-            return JSONResponse({"status": "failed", "reason": holder.failed}, status_code=503)
-        if service is None or not service.ready:
-            return JSONResponse({"status": "loading"}, status_code=503)
-        if service.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
-        return {"status": "ready", **service.engine.describe()}
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(holder.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models():
-        name = holder.config.model.served_name
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": holder.started,
-                                             "owned_by": "chattts-runtime"}]}
-
-    @app.post("/v1/audio/voices")
-    async def voices(request: Request):
-        from chattts_runtime import voices as voice_api  # noqa: PLC0415
-
-        service = holder.service
-        if service is None or not service.ready:
-            raise APIError(503, "model is loading; retry when /ready answers 200", err_type="server_error",
-                           code="not_ready", headers={"Retry-After": "5"})
-        if service.model.encoder is None:
-            raise APIError(400, "this checkpoint's asset/DVAE.safetensors carries no encoder: voices from a "
-                           "sample are not available", code="no_voice_encoder")
-        raw = await read_body(request.stream(), request.headers.get("content-length"),
-                              max_bytes=voice_api.MAX_BODY_BYTES, timeout=limits.body_timeout_seconds)
-        payload = await asyncio.to_thread(parse_json_object, raw, max_depth=limits.max_json_depth)
-        try:
-            samples = voice_api.clip_from_payload(payload)
-        except voice_api.VoiceError as err:
-            raise APIError(400, str(err), param=err.param) from None
-        return await service.run_model(voice_api.encode_clip, service.model, samples)
-
-    @app.post("/v1/audio/speech", openapi_extra=speech_openapi(SpeechRequest))
-    async def speech(request: Request):
-        service = holder.service
-        if service is None or not service.ready:
-            raise APIError(503, "model is loading; retry when /ready answers 200", err_type="server_error",
-                           code="not_ready", headers={"Retry-After": "5"})
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype != "application/json":
-            raise APIError(415, f"Content-Type must be application/json; got {ctype or 'none'!r}",
-                           code="unsupported_media_type")
-        try:
-            raw = await read_body(request.stream(), request.headers.get("content-length"),
-                                  max_bytes=limits.max_body_bytes, timeout=limits.body_timeout_seconds)
-        except ClientDisconnect:
-            holder.count_outcome(request.url.path, "aborted")
-            return Response(status_code=400)  # nobody reads it
-        payload = await off_loop_if(len(raw) > INLINE_JSON_BYTES, parse_json_object, raw,
-                                    max_depth=limits.max_json_depth)
-        headers = unknown_field_policy(unknown_fields(payload, SpeechRequest))
-        speech_request = parse_speech_request(payload)
-        # Off the event loop when long: the text front-end tokenizes every piece of a long input (tens of
-        # ms for 4,096 characters, bench/results/text-frontend-*), a long speaker string is decoded; and
-        # always when a language normalizer may run (WeTextProcessing / nemo: 0.1-0.9 s for one piece).
-        synthesis = await off_loop_if(len(speech_request.input) > INLINE_PREPARE_CHARS
-                                      or len(speech_request.voice) > INLINE_PREPARE_CHARS
-                                      or service.may_spell_out(speech_request),
-                                      service.prepare, speech_request)
-        if synthesis.waits_before_audio:  # refine-text, a voice pass: stopped there when the client leaves
-            try:
-                await unless(service.before_audio(synthesis, speech_request),
-                             {"client left": client_disconnected(request.receive)})
-            except Stopped:
-                holder.count_outcome(request.url.path, "aborted")
-                return Response(status_code=499)  # nobody reads it
-        headers.update(refined_text_headers(synthesis.refined_text))
-        headers.update(service.stage_headers(synthesis))
-        frames = service.submit(synthesis)
-        fmt = synthesis.response_format
-        if not synthesis.streaming:
-            async def whole() -> bytes:
-                try:
-                    audio = await service.synthesize(synthesis, frames)
-                finally:
-                    await frames.aclose()
-                return await asyncio.to_thread(service.encode, audio, fmt)
-
-            try:
-                body = await unless(whole(), {"client left": client_disconnected(request.receive),
-                                              "grace expired": holder.grace_expired.wait()})
-            except Stopped as stop:
-                if stop.reason == "client left":
-                    holder.count_outcome(request.url.path, "aborted")
-                    return Response(status_code=499)  # nobody reads it
-                raise APIError(503, "the server shut down before this request finished (shutdown grace "
-                               "period over); retry", err_type="server_error", code="shutdown_timeout") from None
-            return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)
-
-        audio_chunks = service.stream_audio(synthesis, frames)
-
-        async def encoded():
-            """The response's bytes as audio is produced (compressed formats encoded incrementally)."""
-            encoder = AudioEncoder(fmt)
-            try:
-                async for samples in audio_chunks:  # PCM and WAV are a cast: on the loop
-                    yield await off_loop_if(not encoder.cheap, encoder.push, samples), len(samples)
-                tail = await off_loop_if(not encoder.cheap, encoder.finish)
-                if tail:
-                    yield tail, 0
-            finally:
-                encoder.close()
-                await audio_chunks.aclose()
-                await frames.aclose()
-
-        async def audio_body():
-            async for data, _ in encoded():
-                if data:
-                    yield data
-
-        async def sse_body():
-            async for data, _ in encoded():
-                if not data:
-                    continue
-                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-                yield f"data: {json.dumps(event)}\n\n"
-            frames_out = synthesis.frames  # every frame generated (each piece's last one is half sent)
-            done = {"type": "speech.audio.done",
-                    "usage": {"input_tokens": synthesis.prompt_tokens, "output_tokens": frames_out,
-                              "total_tokens": synthesis.prompt_tokens + frames_out}}
-            if synthesis.refined_text is not None:
-                done["refined_text"] = synthesis.refined_text
-            yield f"data: {json.dumps(done)}\n\n"
-
-        if synthesis.sse:
-            return StreamingResponse(sse_body(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", **headers})
-        return StreamingResponse(audio_body(), media_type=CONTENT_TYPES[fmt], headers=headers)
-
-    def unknown_field_policy(names: list[str]) -> dict[str, str]:
-        """Refuse the request or name the ignored fields in a header (and a log line)."""
-        if not names:
-            return {}
-        listed = names_for_header(names)
-        if limits.unknown_fields == "reject":
-            raise APIError(400, f"unknown field(s): {listed}", param=names[0], code="unknown_field")
-        log.warning("speech request: ignored unknown field(s) %s", listed)
-        return {"X-ChatTTS-Ignored-Fields": listed}
-
-    return app
+    return assemble(holder)
 
 
 class ServiceHolder:

@@ -64,7 +64,7 @@ def test_prompt_longer_than_max_model_len_is_a_400(tiny_model):
 
 def test_a_request_that_may_run_a_language_normalizer_is_prepared_off_the_event_loop(tiny_model):
     # WeTextProcessing / nemo take 0.1-0.9 s for one piece: the server prepares such a request in a thread
-    # (server.py: off_loop_if(... or service.may_spell_out(req))), however short its input.
+    # (routes/speech.py: off_loop_if(... or service.may_spell_out(req))), however short its input.
     service = make_service(tiny_model)
     short = SpeechRequest(model="chattts", input="It costs $5.", voice="alloy")
     service.frontend.normalizer.language_normalizers.clear()  # none installed (whatever this process has)
