@@ -1,10 +1,10 @@
 """Helpers shared by every test tier (fixtures are in the conftest.py files)."""
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
+from bench.runtime.launch import free_port  # noqa: F401  (one port picker for tests and benches)
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "deploy" / "crds"
@@ -28,11 +28,6 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 120, in
         time.sleep(interval)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The default engine (graph) allocates (maxNumSeqs + 1) x maxModelLen x 60 KiB up front: at 512

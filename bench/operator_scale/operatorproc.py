@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,11 @@ from typing import IO
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.operator_scale import procstat
+from bench.runtime.launch import free_port  # noqa: F401  (one port picker for tests and benches)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OperatorProcess:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from bench.runtime.launch import free_port  # noqa: F401  (one port picker for tests and benches)
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
@@ -30,10 +30,6 @@ LOCKED_DOWN = ["--network=host", "--read-only", "--cap-drop=all", "--security-op
                "--user=65532:65532", "--tmpfs=/tmp:rw,size=256m,mode=1777"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def podman_command(*args: str) -> list[str]:
