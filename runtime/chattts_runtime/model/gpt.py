@@ -91,6 +91,19 @@ class KVCache(Protocol):
     def advance(self, t: int, valid: torch.Tensor | None = None) -> None: ...
 
 
+
+def unit_speaker(speaker: torch.Tensor) -> torch.Tensor:
+    """A speaker vector (``[H]``, or ``[B, H]`` rows) as the ``[spk_emb]`` position carries it: L2-normalised
+    in float32, as the reference model does; the one normalisation every engine uses."""
+    return F.normalize(speaker.to(torch.float32), p=2.0, dim=-1, eps=1e-12)
+
+
+def with_speaker(emb: torch.Tensor, ids: torch.Tensor, speaker_token_id: int, unit: torch.Tensor) -> torch.Tensor:
+    """``emb`` (``[T, H]``) with the rows at ``ids == speaker_token_id`` replaced by ``unit`` (``[H]``, from
+    ``unit_speaker``): the one ``[spk_emb]`` injection of the reference model and the vLLM plugin."""
+    where = (ids == speaker_token_id).unsqueeze(-1)
+    return torch.where(where, unit.to(device=emb.device, dtype=emb.dtype).expand_as(emb), emb)
+
 class ChatTTSGPT(nn.Module):
     """Embeddings + Llama body + heads, with an explicit-cache forward step."""
 
@@ -179,8 +192,5 @@ class ChatTTSGPT(nn.Module):
         ids = torch.tensor(list(input_ids), dtype=torch.long, device=self.device)
         emb = self.embed.emb_text(ids)
         if speaker is not None and speaker_token_id is not None:
-            where = ids == speaker_token_id
-            if bool(where.any()):
-                spk = F.normalize(speaker.to(device=emb.device, dtype=torch.float32), p=2.0, dim=0, eps=1e-12)
-                emb = torch.where(where.unsqueeze(-1), spk.to(emb.dtype).expand_as(emb), emb)
+            emb = with_speaker(emb, ids, speaker_token_id, unit_speaker(speaker.to(emb.device)))
         return emb.unsqueeze(0)

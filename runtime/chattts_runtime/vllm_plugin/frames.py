@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from chattts_runtime.model.gpt import unit_speaker
 from chattts_runtime.model.sampling import SamplingParams, new_generator
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,8 @@ def new_track(payload: dict[str, Any], prompt_len: int) -> RequestTrack:
         seed=payload.get("seed"))
     speaker = None
     if payload.get("speaker") is not None:
-        vec = torch.tensor(payload["speaker"], dtype=torch.float32)
         # As the reference model does at the [spk_emb] position.
-        speaker = torch.nn.functional.normalize(vec, p=2.0, dim=0, eps=1e-12)
+        speaker = unit_speaker(torch.tensor(payload["speaker"], dtype=torch.float32))
     end_id = payload.get("text_end_id")
     track = RequestTrack(key=payload["key"], prompt_len=prompt_len, request=_RequestView(params),
                          speaker=speaker, speaker_token_id=payload.get("speaker_token_id"),

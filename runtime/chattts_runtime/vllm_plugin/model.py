@@ -42,6 +42,7 @@ from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
 from chattts_runtime.model import config as checkpoint_layout
 from chattts_runtime.model.config import CheckpointError, load_model_sizes
+from chattts_runtime.model.gpt import with_speaker
 from chattts_runtime.model.sampling import sample_tokens
 from chattts_runtime.vllm_plugin.frames import RequestTrack, frame_book
 from chattts_runtime.vllm_plugin.layout import CARRIER_LOGIT, CHOSEN_LOGIT, TokenLayout
@@ -165,10 +166,7 @@ class ChatTTSForAudioCodes(nn.Module):
             audio = audio + self.emb_code[k](codes[:, k])
         embeds = torch.where((ids < lay.text_tokens).unsqueeze(-1), text, audio)
         for start, end, track in speaker_rows:
-            where = ids[start:end] == track.speaker_token_id
-            if bool(where.any()):
-                spk = track.speaker.to(device=embeds.device, dtype=embeds.dtype)
-                embeds[start:end] = torch.where(where.unsqueeze(-1), spk.expand(end - start, -1), embeds[start:end])
+            embeds[start:end] = with_speaker(embeds[start:end], ids[start:end], track.speaker_token_id, track.speaker)
         return embeds
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
