@@ -9,7 +9,7 @@ from chattts_operator.api.quantization import PvcDirectory, QuantizationSpec
 from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import resource_claim_template_name
 from chattts_operator.deployment.gpu import DEFAULT_GPU_CODEC, assign_gpu, dra_allocation_status
-from chattts_operator.quantization.plan import build_quantization_job
+from chattts_operator.quantization.plan import JobPlacement, build_quantization_job
 from chattts_operator.deployment.spec import desired_state, parse_spec
 from chattts_operator.sharepolicy.observe import Claims, offline_member, online_member, pod_memory_mib
 
@@ -137,8 +137,8 @@ def test_the_quantization_job_claims_through_the_template_it_is_given():
     q = QuantizationSpec.model_validate({"calibration": {"configMap": {"name": "c", "key": "k"}},
                                          "output": {"claimName": "out"}})
     job = build_quantization_job(ctd_name="tts", namespace="ns", owner_uid="u", q=q,
-                                 source=PvcDirectory(claim_name="w"), digest="abc", image="i",
-                                 gpu_claim_template="tts-quantize-gpu-1234")
+                                 source=PvcDirectory(claim_name="w"), digest="abc",
+                                 placement=JobPlacement(image="i", gpu_claim_template="tts-quantize-gpu-1234"))
     pod = job["spec"]["template"]["spec"]
     assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "tts-quantize-gpu-1234"}]
     assert pod["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}

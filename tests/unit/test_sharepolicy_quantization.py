@@ -6,6 +6,7 @@ from pydantic import ValidationError
 
 from chattts_operator.api.quantization import QuantizationSpec
 from chattts_operator.quantization.plan import (
+    JobPlacement,
     job_name,
     job_state,
     plan_quantization,
@@ -28,7 +29,8 @@ LIMITS = {"nvidia.com/gpu.memory": "8192"}
 def plan(spec=SPEC, jobs=(), previous=None):
     return plan_quantization(
         ctd_name="tts", namespace="ns", owner_uid="uid-1", spec=spec, jobs=list(jobs), previous=previous,
-        image="chattts-runtime:0.1.0", gpu_limits=LIMITS, now="2026-11-30T00:00:00Z", generation=3,
+        placement=JobPlacement(image="chattts-runtime:0.1.0", gpu_limits=LIMITS), now="2026-11-30T00:00:00Z",
+        generation=3,
     )
 
 

@@ -13,7 +13,7 @@ from chattts_operator.core.settings import OperatorSettings
 from chattts_operator.deployment.children import Owner, build_resource_claim_template
 from chattts_operator.deployment.gpu import DraRequest, GpuAssignmentError, assign_gpu, node_affinity
 from chattts_operator.deployment.spec import needs_apply
-from chattts_operator.quantization.plan import COMPONENT, QuantizationPlan, job_selector, labels_for, plan_quantization
+from chattts_operator.quantization.plan import COMPONENT, JobPlacement, QuantizationPlan, job_selector, labels_for, plan_quantization
 
 
 def involved_object(body: dict[str, Any]) -> dict[str, Any]:
@@ -57,10 +57,11 @@ class QuantizationReconciler:
         plan = plan_quantization(
             ctd_name=meta["name"], namespace=meta["namespace"], owner_uid=meta["uid"], spec=body.get("spec") or {},
             jobs=jobs, previous=previous_status.get("quantization"),
-            image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
-            gpu_limits=limits, tolerations=tolerations,
-            node_affinity=(affinity or {}).get("nodeAffinity"), node_selector=selector,
-            generation=int(meta.get("generation") or 1), gpu_claim_template=claim_template,
+            placement=JobPlacement(
+                image=spec.image or self.settings.runtime_image, image_pull_policy=self.settings.runtime_image_pull_policy,
+                gpu_limits=limits, tolerations=tolerations, node_affinity=(affinity or {}).get("nodeAffinity"),
+                node_selector=selector, gpu_claim_template=claim_template),
+            generation=int(meta.get("generation") or 1),
         )
         if plan.job_to_create is not None:
             await self.kube.create(plan.job_to_create)

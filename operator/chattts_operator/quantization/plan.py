@@ -100,6 +100,21 @@ def labels_for(ctd_name: str) -> dict[str, str]:
     return {**child_labels(ctd_name), LABEL_COMPONENT: COMPONENT}
 
 
+@dataclass(frozen=True)
+class JobPlacement:
+    """Where and as what the quantization Job's pod runs: its image, GPU resources (limits from the
+    sharing profile, or ``gpu_claim_template``: the dra profile's ResourceClaimTemplate its pod claims
+    its GPU from) and scheduling."""
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    gpu_limits: Mapping[str, str] | None = None
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    node_affinity: Mapping[str, Any] | None = None
+    node_selector: Mapping[str, str] | None = None
+    gpu_claim_template: str | None = None
+
+
 def build_quantization_job(
     *,
     ctd_name: str,
@@ -108,17 +123,13 @@ def build_quantization_job(
     q: QuantizationSpec,
     source: PvcDirectory,
     digest: str,
-    image: str,
-    image_pull_policy: str = "IfNotPresent",
-    gpu_limits: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, Any]] = (),
-    node_affinity: Mapping[str, Any] | None = None,
-    node_selector: Mapping[str, str] | None = None,
+    placement: JobPlacement,
     api_version: str = "tts.chattts.io/v1alpha1",
-    gpu_claim_template: str | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job that quantizes. Deterministic: the same inputs give the same dict.
-    ``gpu_claim_template``: the dra profile's ResourceClaimTemplate its pod claims its GPU from."""
+    """The batch/v1 Job that quantizes. Deterministic: the same inputs give the same dict."""
+    image, image_pull_policy, gpu_limits = placement.image, placement.image_pull_policy, placement.gpu_limits
+    tolerations, node_affinity, node_selector = placement.tolerations, placement.node_affinity, placement.node_selector
+    gpu_claim_template = placement.gpu_claim_template
     name = job_name(ctd_name, digest)
     labels = {**labels_for(ctd_name), HASH_LABEL: digest}
     annotations: dict[str, str] = {}
@@ -267,21 +278,15 @@ def plan_quantization(
     spec: Mapping[str, Any],
     jobs: Sequence[Mapping[str, Any]],
     previous: Mapping[str, Any] | None,
-    image: str,
-    image_pull_policy: str = "IfNotPresent",
-    gpu_limits: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, Any]] = (),
-    node_affinity: Mapping[str, Any] | None = None,
-    node_selector: Mapping[str, str] | None = None,
+    placement: JobPlacement,
     now: str = "",
     generation: int | None = None,
-    gpu_claim_template: str | None = None,
 ) -> QuantizationPlan:
     """Decide about quantization from the CTD's spec (camelCase dict), this CTD's existing
     quantization Jobs (label component=quantize) and the previous status.quantization.
 
-    ``gpu_limits``: the Job pod's GPU resources (the sharing profile applied to
-    ``quantization.gpuMemory`` or ``spec.gpu.memory``), as the deployment builder resolves them."""
+    ``placement``: where and as what the Job's pod runs (its GPU resources: the sharing profile applied to
+    ``quantization.gpuMemory`` or ``spec.gpu.memory``, as the deployment builder resolves them)."""
     raw = spec.get("quantization")
     if not raw:
         return QuantizationPlan("NotRequested", None, [j["metadata"]["name"] for j in jobs], None, None, None)
@@ -312,9 +317,7 @@ def plan_quantization(
     if current is None and not was_succeeded:
         job_to_create = build_quantization_job(
             ctd_name=ctd_name, namespace=namespace, owner_uid=owner_uid, q=q, source=source, digest=digest,
-            image=image, image_pull_policy=image_pull_policy, gpu_limits=gpu_limits,
-            tolerations=tolerations, node_affinity=node_affinity, node_selector=node_selector,
-            gpu_claim_template=gpu_claim_template,
+            placement=placement,
         )
 
     serving_quantized = state == "Succeeded"
