@@ -40,6 +40,7 @@ draws than the reference (a device-side hash instead of a CPU generator per requ
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import heapq
 import logging
@@ -53,10 +54,9 @@ import torch.nn.functional as F
 
 from chattts_runtime.audio_io import StreamWindows, unsent_samples
 from chattts_runtime.engines.base import (
-    EngineError, EngineStopped, FrameChunk, QueueFull, SchedulerObserver, SynthesisRequest)
-from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
+    Engine, EngineError, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest, TextJobs)
+from chattts_runtime.engines.plumbing import RequestPlumbing
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
-from chattts_runtime.engines.base import TextJobs
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import (
     SamplingParams, draw, greedy_tokens, new_generator, repetition_counts, token_probs)
@@ -440,7 +440,13 @@ class _RefineHost:
 
 
 @dataclass
-class _Slotted(_Sequence):
+class _Slotted:
+    """An audio request, waiting (``slot`` -1) or in its slot."""
+
+    request: SynthesisRequest
+    generator: torch.Generator | None = None  # its seed (counter_uniforms), when it samples
+    position: int = 0  # position id of its next input
+    done: bool = False
     slot: int = -1
     sent: int = 0  # frames handed out (frames path) or decoded to audio (audio path)
     samples_sent: int = 0  # audio path: samples handed out
@@ -495,11 +501,11 @@ class _AudioBatch:
         return self.ready.query()
 
 
-class GraphEngine(ReferenceEngine):
+class GraphEngine(Engine):
     """Continuous batching over static slots with graph-replayed steps (see the module docstring).
 
-    Shares the reference engine's request side (submit, abort, streams, stop) and
-    replaces its worker.
+    The request side (submit, abort, streams, the worker thread) is ``engines.plumbing``'s, as the
+    reference engine's is.
     """
 
     name = "graph"
@@ -512,8 +518,19 @@ class GraphEngine(ReferenceEngine):
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
                  refine_rows: int = 64, next_piece_grace: float = 1.0):
-        super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
-                         observer=observer, next_piece_grace=next_piece_grace)
+        if next_piece_grace < 0:
+            raise ValueError("next_piece_grace must be >= 0")
+        self.model = model
+        # How long a later piece of a playing response may wait behind others' first-audio work.
+        self.next_piece_grace = next_piece_grace
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.max_model_len = max_model_len
+        self.observer = observer or NullObserver()
+        self._eos = model.sizes.gpt.audio_eos
+        self.requests = RequestPlumbing(max_waiting=max_waiting, num_vq=model.sizes.gpt.num_vq,
+                                        request_id=lambda seq: seq.request.request_id)
+        self.steps = 0
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
         if prefill_rows < 1 or audio_rows < 1:
@@ -609,7 +626,8 @@ class GraphEngine(ReferenceEngine):
         return self.ragged_from is not None and batch >= self.ragged_from
 
     def describe(self) -> dict:
-        return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
+        return {"engine": self.name, "max_num_seqs": self.max_num_seqs, "max_waiting": self.max_waiting,
+                "max_model_len": self.max_model_len, "cuda_graphs": self.use_graphs,
                 "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
                 "audio_graphs": len(self._audio_graphs),
@@ -633,13 +651,28 @@ class GraphEngine(ReferenceEngine):
                               f"{MAX_REPETITION_WINDOW} (graph engine)")
         if request.want_audio and request.want_hidden and not self.hidden_audio:
             raise EngineError("want_audio with want_hidden decodes hidden states, and this checkpoint has no Decoder")
-        return super().submit(request)
+        return self.requests.submit(request, self.enqueue, self.abort)
+
+    def enqueue(self, request: SynthesisRequest) -> None:
+        """Queue a request whose chunks go to ``requests.emit`` (``submit`` adds the stream around it)."""
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        self.requests.add(_Slotted(request, generator=new_generator(request.params)))
+
+    def abort(self, request_id: str) -> None:
+        self.requests.abort(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.requests.num_waiting
 
     async def start(self) -> None:
-        import asyncio  # noqa: PLC0415
-
-        self._loop = asyncio.get_running_loop()
+        self.requests.bind_loop()
         await asyncio.to_thread(self.start_worker)
+
+    def stop_worker(self) -> None:
+        self.requests.stop_worker()
 
     def start_worker(self) -> None:
         """Start the worker and wait until its graphs are captured (raises what set-up raised)."""
@@ -647,7 +680,7 @@ class GraphEngine(ReferenceEngine):
             import sys  # noqa: PLC0415
 
             sys.setswitchinterval(min(sys.getswitchinterval(), self.gil_switch_interval))
-        super().start_worker()
+        self.requests.start_worker(self._worker, f"chattts-{self.name}-engine")
         self._ready.wait()
         if self._start_error is not None:
             raise EngineError(f"graph engine failed to start: {self._start_error}") from self._start_error
@@ -731,17 +764,12 @@ class GraphEngine(ReferenceEngine):
             in_flight: list[tuple[bool, _Output]] = []
             refine = self._refine
             while True:
-                with self._cond:
-                    while (not self._stopping and not self._waiting and not self._running and not self._aborted
-                           and not in_flight and not self._audio_fifo and not refine.waiting
-                           and not refine.running):
-                        self._cond.wait()
-                    if self._stopping:
+                with self.requests.cond:
+                    if not self.requests.wait_for_work(lambda: bool(
+                            self._running or in_flight or self._audio_fifo or refine.waiting or refine.running)):
                         return
-                    aborted, self._aborted = self._aborted, set()
+                    aborted = self.requests.take_aborted()
                     if aborted:
-                        self._waiting = type(self._waiting)(s for s in self._waiting
-                                                            if s.request.request_id not in aborted)
                         refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
                     admitted, text_admitted = self._admit()
                 events: list[tuple[str, FrameChunk]] = []
@@ -776,8 +804,11 @@ class GraphEngine(ReferenceEngine):
                     log.exception("generation step failed")
                     self._fail_all(err, admitted, windows, events, text_admitted)
                     in_flight = []
-                if events and not self._emit(events):
+                if events and not self.requests.emit(events):
                     return
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
 
     def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
                   events: list[tuple[str, FrameChunk]], text_admitted: list[_TextJob]) -> None:
@@ -800,32 +831,33 @@ class GraphEngine(ReferenceEngine):
         self._active[:] = False
         self._free = list(range(self.max_num_seqs))
 
-    def _admit(self) -> tuple[list[_Sequence], list[_TextJob]]:
+    def _admit(self) -> tuple[list[_Slotted], list[_TextJob]]:
         """The waiting audio requests and refine-text jobs to start now (``engines.schedule``: first-audio
         work first, later pieces of playing responses after it within their grace); called under the lock."""
-        refine = self._refine
-        if not self._free or not (self._waiting or refine.waiting):
+        refine, waiting = self._refine, self.requests.waiting
+        if not self._free or not (waiting or refine.waiting):
             return [], []
-        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in self._waiting],
+        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in waiting],
                               [j.arrival for j in refine.waiting], free_slots=len(self._free),
                               text_room=self.refine_rows - len(refine.running), now=time.monotonic(),
                               next_piece_grace=self.next_piece_grace, audio_open=self._admit_now())
-        admitted: list[_Sequence] = []
+        admitted: list[_Slotted] = []
         text_admitted: list[_TextJob] = []
         if plan.audio:
-            admitted, left = take(list(self._waiting), plan.audio)
-            self._waiting = collections.deque(left)
+            admitted, left = take(list(waiting), plan.audio)
+            self.requests.waiting = collections.deque(left)
         if plan.text:
             text_admitted, left = take(list(refine.waiting), plan.text)
             refine.waiting = collections.deque(left)
         return admitted, text_admitted
 
     def _admit_now(self) -> bool:
-        if not self._waiting:
+        waiting = self.requests.waiting
+        if not waiting:
             return False
-        if not self._running or len(self._waiting) >= self.prefill_rows:  # idle, or a full prefill is ready
+        if not self._running or len(waiting) >= self.prefill_rows:  # idle, or a full prefill is ready
             return True
-        return time.monotonic() - self._waiting[0].request.arrival >= self.admit_interval
+        return time.monotonic() - waiting[0].request.arrival >= self.admit_interval
 
     def _to_host(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         if tensor is None:
@@ -851,13 +883,12 @@ class GraphEngine(ReferenceEngine):
 
     # -- prefill -------------------------------------------------------------------------------
 
-    def _prefill(self, seqs: list[_Sequence]) -> _Output:
+    def _prefill(self, slotted: list[_Slotted]) -> _Output:
         now = time.monotonic()
         state = self._state
-        slotted = []
-        for seq in seqs:
+        for seq in slotted:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
-            slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
+            seq.slot = heapq.heappop(self._free)
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
         meta, floats, sample_codes = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
@@ -928,16 +959,11 @@ class GraphEngine(ReferenceEngine):
                               f"{MAX_REPETITION_WINDOW} tokens of repetition window")
         generator = new_generator(params)
         job = _TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
-        with self._cond:
-            if self._stopping:
-                raise EngineStopped("engine is stopping")
-            if len(self._refine.waiting) >= self.max_waiting:
-                raise QueueFull(len(self._refine.waiting), retry_after=1.0)
-            self._refine.waiting.append(job)
-            self._cond.notify()
+        with self.requests.cond:  # refine.waiting is replaced under the lock
+            self.requests.add(job, self._refine.waiting)
 
     async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams, on_wait=None) -> list[int]:
-        if self._loop is None:
+        if not self.requests.started:
             raise EngineError("engine not started")
         return await self._text_jobs.run(job_id, lambda: self.enqueue_text(job_id, prompt_ids, params),
                                          lambda: self.abort(job_id), on_wait)
@@ -945,14 +971,11 @@ class GraphEngine(ReferenceEngine):
     def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None,
                      wait: float | None = None) -> None:
         """A refine job ended (worker thread); the engine process replaces this with a pipe message."""
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error, wait)
-            except RuntimeError:  # the event loop is gone
-                pass
+        self.requests.call_on_loop(self._text_jobs.settle, job_id, tokens, error, wait)
 
     async def stop(self) -> None:
-        await super().stop()
+        await asyncio.to_thread(self.stop_worker)
+        self.requests.close_streams()
         self._text_jobs.fail_all("engine stopped")
 
     def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
