@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
 import logging
 import threading
 import time
@@ -59,39 +58,12 @@ from chattts_runtime.engines.graph_steps import (
     prefill_step)
 from chattts_runtime.engines.plumbing import RequestPlumbing
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
-from chattts_runtime.engines.slots import bucket_sizes, pick_bucket
+from chattts_runtime.engines.slots import (
+    FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class _TextJob:
-    """One refine-text prompt on its way through a slot (a refine row of the steps)."""
-
-    job_id: str
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    seed: int
-    slot: int = -1
-    tokens: list[int] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-    scheduled_after: float | None = None  # seconds from arrival to its prefill
-
-
-class _RefineHost:
-    """Host mirror of the slots that hold refine-text jobs (index = slot), and the jobs waiting for one."""
-
-    def __init__(self, slots: int):
-        total = slots + 1
-        self.waiting: collections.deque[_TextJob] = collections.deque()
-        self.running: dict[int, _TextJob] = {}
-        self.active = np.zeros(total, bool)
-        self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
-
-    def reset(self) -> None:
-        self.running = {}
-        self.active[:] = False
 
 
 @dataclass
@@ -230,8 +202,7 @@ class GraphEngine(Engine):
         if refine_rows < 1:
             raise ValueError("refine_rows must be >= 1")
         self.refine_rows = min(refine_rows, max_num_seqs)
-        self._refine = _RefineHost(max_num_seqs)
-        self._text_index_stale = True
+        self._refine = RefineBook()
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
@@ -246,19 +217,10 @@ class GraphEngine(Engine):
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self.capture_seconds = 0.0
-        # Host mirror of the slots (index = slot; the last one is the scratch slot).
-        total = max_num_seqs + 1
+        # Host side of the slots (engines.slots; index = slot, the last one is the scratch slot).
         self._running: dict[int, _Slotted] = {}
-        self._free: list[int] = list(range(max_num_seqs))
-        self._active = np.zeros(total, bool)
-        self._epoch = np.zeros(total, np.int64)
-        self._count = np.zeros(total, np.int64)  # frames accepted
-        self._limit = np.zeros(total, np.int64)  # frames allowed (max_new_frames, max_model_len)
-        self._next_emit = np.zeros(total, np.int64)  # frame count at which the next chunk is due
-        self._position = np.zeros(total, np.int64)  # position id of the next input, as launched
-        self._want_hidden = np.zeros(total, bool)  # hidden states handed out (not decoded here)
-        self._hidden_audio = np.zeros(total, bool)  # audio decoded here from hidden states (Decoder path)
-        self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
+        self._slots = SlotTable(max_num_seqs)
+        self._frames = FrameBook(max_num_seqs, max_model_len, model.sizes.gpt.num_vq)
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
     def _ragged_threshold(self, choice: str) -> int | None:
@@ -466,7 +428,7 @@ class GraphEngine(Engine):
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
 
     def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
-                  events: list[tuple[str, FrameChunk]], text_admitted: list[_TextJob]) -> None:
+                  events: list[tuple[str, FrameChunk]], text_admitted: list[TextJob]) -> None:
         """Every request not finished from its stream's point of view ends with the error."""
         for job in {j.job_id: j for j in [*self._refine.running.values(), *text_admitted]}.values():
             self._text_result(job.job_id, None, str(err))
@@ -483,21 +445,20 @@ class GraphEngine(Engine):
             events.append((rid, FrameChunk(self._empty(), finished=True, finish_reason="error", error=str(err))))
         self._running = {}
         self._audio_fifo.clear()
-        self._active[:] = False
-        self._free = list(range(self.max_num_seqs))
+        self._slots.reset()
 
-    def _admit(self) -> tuple[list[_Slotted], list[_TextJob]]:
+    def _admit(self) -> tuple[list[_Slotted], list[TextJob]]:
         """The waiting audio requests and refine-text jobs to start now (``engines.schedule``: first-audio
         work first, later pieces of playing responses after it within their grace); called under the lock."""
         refine, waiting = self._refine, self.requests.waiting
-        if not self._free or not (waiting or refine.waiting):
+        if not self._slots.free or not (waiting or refine.waiting):
             return [], []
         plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in waiting],
-                              [j.arrival for j in refine.waiting], free_slots=len(self._free),
+                              [j.arrival for j in refine.waiting], free_slots=self._slots.free,
                               text_room=self.refine_rows - len(refine.running), now=time.monotonic(),
                               next_piece_grace=self.next_piece_grace, audio_open=self._admit_now())
         admitted: list[_Slotted] = []
-        text_admitted: list[_TextJob] = []
+        text_admitted: list[TextJob] = []
         if plan.audio:
             admitted, left = take(list(waiting), plan.audio)
             self.requests.waiting = collections.deque(left)
@@ -508,11 +469,9 @@ class GraphEngine(Engine):
 
     def _admit_now(self) -> bool:
         waiting = self.requests.waiting
-        if not waiting:
-            return False
-        if not self._running or len(waiting) >= self.prefill_rows:  # idle, or a full prefill is ready
-            return True
-        return time.monotonic() - waiting[0].request.arrival >= self.admit_interval
+        return gather_open(len(waiting), waiting[0].request.arrival if waiting else None,
+                           streaming=bool(self._running), prefill_rows=self.prefill_rows,
+                           admit_interval=self.admit_interval, now=time.monotonic())
 
     def _to_host(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         if tensor is None:
@@ -543,7 +502,7 @@ class GraphEngine(Engine):
         state = self._state
         for seq in slotted:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
-            seq.slot = heapq.heappop(self._free)
+            seq.slot = self._slots.claim()
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
         meta, floats, sample_codes = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
@@ -557,21 +516,17 @@ class GraphEngine(Engine):
         slots = np.array([s.slot for s in slotted], np.int64)
         for seq in slotted:
             self._running[seq.slot] = seq
-            self._limit[seq.slot] = min(seq.request.params.max_new_frames,
-                                        self.max_model_len - seq.position + 1)
-            self._next_emit[seq.slot] = (self.windows.next_end(0) if seq.request.want_audio
-                                         else self.emit_frames)
-            self._want_hidden[seq.slot] = seq.request.want_hidden and not seq.request.want_audio
-            self._hidden_audio[seq.slot] = seq.request.want_hidden and seq.request.want_audio
-        self._epoch[slots] += 1
-        self._active[slots] = True
-        self._count[slots] = 0
-        self._position[slots] = [s.position for s in slotted]
-        want_hidden = bool(self._want_hidden[slots].any())
+            req = seq.request
+            self._frames.start(seq.slot, limit=min(req.params.max_new_frames, self.max_model_len - seq.position + 1),
+                               next_emit=self.windows.next_end(0) if req.want_audio else self.emit_frames,
+                               want_hidden=req.want_hidden and not req.want_audio,
+                               hidden_audio=req.want_hidden and req.want_audio)
+        epochs = self._slots.occupy(slots, [s.position for s in slotted], text=False)
+        want_hidden = bool(self._frames.want_hidden[slots].any())
         slots_dev = None
         if want_hidden:
             slots_dev = torch.from_numpy(slots).to(self.model.device)
-        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]),
+        out = _Output(slots, epochs, np.arange(n), self._to_host(state.prefill_codes[:n]),
                       self._to_host(state.hidden[slots_dev]) if want_hidden else None)
         out.ready = self._event()
         return out
@@ -613,7 +568,7 @@ class GraphEngine(Engine):
             raise EngineError("refine-text samples at one temperature over at most "
                               f"{MAX_REPETITION_WINDOW} tokens of repetition window")
         generator = new_generator(params)
-        job = _TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
+        job = TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
         with self.requests.cond:  # refine.waiting is replaced under the lock
             self.requests.add(job, self._refine.waiting)
 
@@ -633,50 +588,31 @@ class GraphEngine(Engine):
         self.requests.close_streams()
         self._text_jobs.fail_all("engine stopped")
 
-    def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
+    def _prefill_text(self, jobs: list[TextJob]) -> _Output:
         state, host = self._state, self._refine
         now = time.monotonic()
         for job in jobs:
-            job.slot = heapq.heappop(self._free)
-            job.scheduled_after = max(0.0, now - job.arrival)
+            host.start(job, self._slots.claim(), max_len=self.max_model_len, now=now)
         n = len(jobs)
         rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
         meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
                                        [(j.slot, j.prompt_ids, j.params, j.seed, None, None) for j in jobs])
         self._run_prefill(rows, length, meta, floats, text=True)
         slots = np.array([j.slot for j in jobs], np.int64)
-        for job in jobs:
-            host.running[job.slot] = job
-            # As engines.refine: at most max_new_frames tokens, and no position past max_model_len.
-            host.limit[job.slot] = min(job.params.max_new_frames, self.max_model_len - len(job.prompt_ids))
-        self._epoch[slots] += 1  # one epoch per slot, whichever kind holds it
-        host.active[slots] = True
-        self._text_index_stale = True
-        self._position[slots] = [len(j.prompt_ids) for j in jobs]
-        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]), None)
+        epochs = self._slots.occupy(slots, [len(j.prompt_ids) for j in jobs], text=True)
+        out = _Output(slots, epochs, np.arange(n), self._to_host(state.prefill_codes[:n]), None)
         out.ready = self._event()
         return out
 
     def _accept_text(self, out: _Output) -> None:
         tokens, _ = out.fetch()
-        host = self._refine
-        live = host.active[out.slots] & (self._epoch[out.slots] == out.epochs)
-        for slot, row in zip(out.slots[live], out.rows[live]):
-            job = host.running[int(slot)]
-            token = int(tokens[row, 0])
-            if token == self._refine_end:
-                self._end_text(job, None)
-                continue
-            job.tokens.append(token)
-            if len(job.tokens) >= host.limit[slot]:
-                self._end_text(job, None)
+        live = self._slots.live(out.slots, out.epochs, text=True)
+        for job in self._refine.accept(out.slots[live], tokens[out.rows[live], 0], self._refine_end):
+            self._end_text(job, None)
 
-    def _end_text(self, job: _TextJob, error: str | None) -> None:
-        host = self._refine
-        host.active[job.slot] = False
-        del host.running[job.slot]
-        self._text_index_stale = True
-        heapq.heappush(self._free, job.slot)
+    def _end_text(self, job: TextJob, error: str | None) -> None:
+        self._refine.finish(job)
+        self._slots.release(job.slot)
         self._text_result(job.job_id, job.tokens, error, job.scheduled_after)
 
     # -- decode steps ----------------------------------------------------------------------------
@@ -685,19 +621,11 @@ class GraphEngine(Engine):
         """One decode step over every occupied slot, audio and refine-text rows together, at the smallest
         captured (batch, length) bucket that holds them: replayed when captured, else run eagerly.
         Returns (is refine-text, output) for each kind present; both read the same codes."""
-        state, refine = self._state, self._refine
-        occupied = self._active | refine.active
-        slots = np.flatnonzero(occupied)
-        batch = pick_bucket(self.batch_buckets, int(slots[-1]) + 1)
-        need = min(int(self._position[slots].max()), self.max_model_len - 1) + 1
-        length = pick_bucket(self.length_buckets, need)
-        mixed = bool(refine.running)
-        if mixed and self._text_index_stale:
-            index = np.full(self.refine_rows, state.scratch, np.int64)
-            text_slots = np.flatnonzero(refine.active)
-            index[:len(text_slots)] = text_slots
-            self._to_device(state.text_index, index)
-            self._text_index_stale = False
+        state = self._state
+        plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows)
+        slots, batch, length, mixed = plan.slots, plan.batch, plan.length, plan.mixed
+        if plan.text_index is not None:
+            self._to_device(state.text_index, plan.text_index)
         graph = self._graphs.get((batch, length, mixed))
         if graph is not None:
             graph.replay()
@@ -706,42 +634,34 @@ class GraphEngine(Engine):
                         self._ragged(batch))
         self.steps += 1
         self.observer.on_step(len(slots))
-        self._position[slots] += 1
-        audio = slots[self._active[slots]]
-        text = slots[refine.active[slots]]
-        want_hidden = bool(self._want_hidden[audio].any())
+        self._slots.stepped(slots)
+        audio, text = plan.audio, plan.text
+        want_hidden = bool(self._frames.want_hidden[audio].any())
         codes = self._to_host(state.codes[:batch])
         hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
         ready = self._event()
         outputs = []
         if len(audio):
-            outputs.append((False, _Output(audio, self._epoch[audio].copy(), audio, codes, hidden, ready)))
+            outputs.append((False, _Output(audio, self._slots.epoch[audio].copy(), audio, codes, hidden, ready)))
         if len(text):
-            outputs.append((True, _Output(text, self._epoch[text].copy(), text, codes, None, ready)))
+            outputs.append((True, _Output(text, self._slots.epoch[text].copy(), text, codes, None, ready)))
         return outputs
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
         """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""
         codes, hidden = out.fetch()
         slots, rows = out.slots, out.rows
-        live = self._active[slots] & (self._epoch[slots] == out.epochs)
+        live = self._slots.live(slots, out.epochs, text=False)
         if not live.all():
             slots, rows = slots[live], rows[live]
         if not len(slots):
             return
-        frames = codes[rows]
-        ended = (frames == self._eos).any(axis=1)
-        kept = ~ended
-        count = self._count[slots]
-        self._frames_host[slots[kept], count[kept]] = frames[kept]
-        count = count + kept
-        self._count[slots] = count
-        full = kept & (count >= self._limit[slots])
-        due = kept & ~full & (count >= self._next_emit[slots])
+        accepted = self._frames.accept(slots, codes[rows], self._eos)
+        ended, full = accepted.ended, accepted.full
         if hidden is not None:
-            for i in np.flatnonzero(kept & self._want_hidden[slots]):
+            for i in np.flatnonzero(accepted.kept & self._frames.want_hidden[slots]):
                 self._running[int(slots[i])].hidden.append(hidden[rows[i]].copy())
-        for i in np.flatnonzero(ended | full | due):
+        for i in np.flatnonzero(ended | full | accepted.due):
             seq = self._running[int(slots[i])]
             if ended[i]:
                 self._finish(seq, "eos", events, windows)
@@ -752,13 +672,14 @@ class GraphEngine(Engine):
 
     def _hand_out(self, seq: _Slotted, events, windows: list[_Window], final: str | None = None) -> None:
         """Frames accepted since the last chunk: as codes, or as an audio window for ``want_audio``."""
-        slot, count = seq.slot, int(self._count[seq.slot])
+        book = self._frames
+        slot, count = seq.slot, int(book.count[seq.slot])
         if not seq.request.want_audio:
-            codes = self._frames_host[slot, seq.sent:count].copy()
+            codes = book.frames[slot, seq.sent:count].copy()
             hidden = np.stack(seq.hidden) if seq.request.want_hidden and seq.hidden else None
             seq.hidden = []
             seq.sent = count
-            self._next_emit[slot] = count + self.emit_frames
+            book.next_emit[slot] = count + self.emit_frames
             events.append((seq.request.request_id, FrameChunk(codes, hidden, finished=final is not None,
                                                               finish_reason=final)))
             return
@@ -766,11 +687,11 @@ class GraphEngine(Engine):
             windows.remove(seq.pending_window)
             seq.sent = seq.pending_window.decoded_before
         start = self.windows.start(seq.sent, count) if count > seq.sent else count
-        seq.pending_window = _Window(seq, start, count, self._frames_host[slot, seq.sent:count].copy(), final,
+        seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.sent:count].copy(), final,
                                      decoded_before=seq.sent)
         windows.append(seq.pending_window)
         seq.sent = count
-        self._next_emit[slot] = self.windows.next_end(count)
+        book.next_emit[slot] = self.windows.next_end(count)
 
     def _finish(self, seq: _Slotted, reason: str, events, windows: list[_Window]) -> None:
         seq.done = True
@@ -780,10 +701,8 @@ class GraphEngine(Engine):
                                                               finish_reason="aborted")))
         else:
             self._hand_out(seq, events, windows, final=reason)
-        slot = seq.slot
-        self._active[slot] = False
-        del self._running[slot]
-        heapq.heappush(self._free, slot)
+        del self._running[seq.slot]
+        self._slots.release(seq.slot)
 
     # -- audio windows ---------------------------------------------------------------------------
 
@@ -797,7 +716,7 @@ class GraphEngine(Engine):
         by_shape: dict[tuple[bool, int], list[_Window]] = {}
         for w in windows:
             if w.end > w.start:
-                by_shape.setdefault((bool(self._hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
+                by_shape.setdefault((bool(self._frames.hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
         for (hidden, frames), group in by_shape.items():
             for first in range(0, len(group), self.audio_rows):
                 self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames, hidden))
