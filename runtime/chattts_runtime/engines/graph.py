@@ -37,6 +37,13 @@ against the reference engine (greedy, float32) exercise exactly the slot, cache,
 prefill, sampling and windowing logic served on the GPU. Greedy output equals the
 reference engine's; sampled output is reproducible per seed here but uses other random
 draws than the reference (a device-side hash instead of a CPU generator per request).
+
+Where the parts live: the device buffers and the captured steps in ``engines.graph_steps``;
+the host-side decisions (which slot a newcomer takes, which slots the next step covers at
+which buckets, what a step's output means per slot) in the pure ``engines.slots``, with
+``engines.schedule`` deciding which waiting work starts; the request side (queue, streams,
+aborts, worker thread) in ``engines.plumbing``, as the reference engine's. This module is
+the worker loop that ties them together, plus graph capture and the audio windows' launches.
 """
 from __future__ import annotations
 
@@ -54,7 +61,7 @@ from chattts_runtime.audio_io import StreamWindows, unsent_samples
 from chattts_runtime.engines.base import (
     Engine, EngineError, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest, TextJobs)
 from chattts_runtime.engines.graph_steps import (
-    _PF_LENGTH, _PF_SLOT, MAX_REPETITION_WINDOW, PF_META, SlotState, decode_step, decode_windows, pack_prefill,
+    MAX_REPETITION_WINDOW, PF_META, SlotState, decode_step, decode_windows, pack_prefill,
     prefill_step)
 from chattts_runtime.engines.plumbing import RequestPlumbing
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
@@ -337,8 +344,7 @@ class GraphEngine(Engine):
         # concurrently with them on their own stream, so they get a pool of their own.
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device=self.model.device)
-        state.prefill_long[:, _PF_SLOT] = state.scratch  # capture with every row on the scratch slot
-        state.prefill_long[:, _PF_LENGTH] = 1
+        state.park_prefill_rows()  # capture with every row on the scratch slot
         end = self._refine_end
         kinds = (False, True) if end is not None else (False,)  # audio only; with refine-text rows
         # Largest first, so smaller graphs reuse the shared pool's blocks.

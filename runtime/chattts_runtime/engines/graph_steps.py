@@ -116,6 +116,11 @@ class SlotState:
         self.prefill_codes = torch.zeros(prefill_rows, self.heads, **lng)
         self.prefill_prompt_codes = torch.zeros(prefill_rows, max_len, s.num_vq, **lng)
 
+    def park_prefill_rows(self) -> None:
+        """Every prefill row on the scratch slot with a one-token prompt (what a capture runs over)."""
+        self.prefill_long[:, _PF_SLOT] = self.scratch
+        self.prefill_long[:, _PF_LENGTH] = 1
+
     def reset_sampling(self) -> None:
         self.position.zero_()
         self.generated.zero_()
