@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from chattts_runtime.engines.schedule import Admission, Stage, Waiting, plan_admission
 from chattts_runtime.engines.slots import (
     FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 
@@ -152,3 +153,25 @@ def test_buckets():
     assert pick_bucket([1, 2, 4], 3) == 4
     with pytest.raises(ValueError):
         pick_bucket([1, 2, 4], 5)
+
+
+def test_a_full_engine_admits_nothing_until_an_abort_frees_a_slot_then_first_audio_takes_it():
+    # As the graph engine's worker does: the free slots are the admission policy's budget.
+    table = SlotTable(4)
+    running = np.array([table.claim() for _ in range(4)])
+    launched = table.occupy(running, [30] * 4, text=False)
+    waiting = [Waiting(9.8, Stage.NEXT), Waiting(9.9, Stage.FIRST), Waiting(9.95, Stage.VOICE)]
+
+    def admit():
+        return plan_admission(waiting, [9.85], free_slots=table.free, text_room=2, now=10.0, next_piece_grace=1.0)
+
+    assert admit() == Admission()
+    table.release(2)  # a client went away
+    assert not table.live(running, launched, text=False)[2]  # its in-flight row is dropped when read
+    assert admit() == Admission(text=(0,))  # the oldest first-audio work: the refine job (9.85)
+    table.release(0)
+    assert admit() == Admission(audio=(1,), text=(0,))  # then the first piece ...
+    table.release(1)
+    # ... and the voice pass, both ahead of the playing stream's next piece (inside its grace).
+    assert admit() == Admission(audio=(1, 2), text=(0,))
+    assert [table.claim() for _ in range(3)] == [0, 1, 2] and table.free == 0  # the freed slots, lowest first
