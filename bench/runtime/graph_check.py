@@ -66,7 +66,8 @@ def main() -> int:
     import torch
 
     from chattts_runtime.engines.base import SamplingParams
-    from chattts_runtime.engines.graph import GraphEngine, decode_step, decode_windows, prefill_step
+    from chattts_runtime.engines.graph import GraphEngine
+    from chattts_runtime.engines.graph_steps import decode_step, decode_windows, prefill_step
     from chattts_runtime.engines.reference import ReferenceEngine
     from chattts_runtime.model import load_chattts
 

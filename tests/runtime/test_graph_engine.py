@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from chattts_runtime.engines.base import EngineError, SamplingParams
-from chattts_runtime.engines.graph import (
-    MAX_REPETITION_WINDOW, GraphEngine, bucket_sizes, counter_uniforms, pick_bucket)
+from chattts_runtime.engines.graph import GraphEngine
+from chattts_runtime.engines.graph_steps import MAX_REPETITION_WINDOW, counter_uniforms
+from chattts_runtime.engines.slots import bucket_sizes, pick_bucket
 from chattts_runtime.engines.reference import ReferenceEngine
 from rt_helpers import TEXTS, Recorder, request, run_all
 

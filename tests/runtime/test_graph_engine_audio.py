@@ -46,7 +46,7 @@ def test_padded_shapes_give_the_reference_codes(tiny_model, short_only):
                              prefill_max_len=limit)
         await engine.start()
         try:
-            with engine._cond:  # the worker admits nothing until all six are queued
+            with engine.requests.cond:  # the worker admits nothing until all six are queued
                 streams = [engine.submit(request(tiny_model, i, t, params)) for i, t in enumerate(texts)]
             chunks = await asyncio.gather(*(collect(s) for s in streams))
         finally:

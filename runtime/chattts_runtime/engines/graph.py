@@ -37,11 +37,18 @@ against the reference engine (greedy, float32) exercise exactly the slot, cache,
 prefill, sampling and windowing logic served on the GPU. Greedy output equals the
 reference engine's; sampled output is reproducible per seed here but uses other random
 draws than the reference (a device-side hash instead of a CPU generator per request).
+
+Where the parts live: the device buffers and the captured steps in ``engines.graph_steps``;
+the host-side decisions (which slot a newcomer takes, which slots the next step covers at
+which buckets, what a step's output means per slot) in the pure ``engines.slots``, with
+``engines.schedule`` deciding which waiting work starts; the request side (queue, streams,
+aborts, worker thread) in ``engines.plumbing``, as the reference engine's. This module is
+the worker loop that ties them together, plus graph capture and the audio windows' launches.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
-import heapq
 import logging
 import threading
 import time
@@ -49,398 +56,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from chattts_runtime.audio_io import StreamWindows, unsent_samples
 from chattts_runtime.engines.base import (
-    EngineError, EngineStopped, FrameChunk, QueueFull, SchedulerObserver, SynthesisRequest)
-from chattts_runtime.engines.reference import ReferenceEngine, _Sequence
+    Engine, EngineError, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest, TextJobs)
+from chattts_runtime.engines.graph_steps import (
+    MAX_REPETITION_WINDOW, PF_META, SlotState, decode_step, decode_windows, pack_prefill,
+    prefill_step)
+from chattts_runtime.engines.plumbing import RequestPlumbing
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
-from chattts_runtime.engines.base import TextJobs
+from chattts_runtime.engines.slots import (
+    FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 from chattts_runtime.model.refine import REFINE_END
-from chattts_runtime.model.sampling import (
-    SamplingParams, draw, greedy_tokens, new_generator, repetition_counts, token_probs)
+from chattts_runtime.model.sampling import SamplingParams, new_generator
 
 log = logging.getLogger(__name__)
 
-# Repetition-penalty history kept per slot (frames); requests asking for a longer window are refused.
-MAX_REPETITION_WINDOW = 64
-_U64 = 1 << 64
-
-
-def _signed(c: int) -> int:
-    return c - _U64 if c >= 1 << 63 else c
-
-
-_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def counter_uniforms(seed: torch.Tensor, step: torch.Tensor, heads: int) -> torch.Tensor:
-    """``[B]`` seeds, ``[B]`` frame counters -> ``[B, heads]`` uniforms in [0, 1) (splitmix64).
-
-    A pure function of (seed, frame, head): no generator state, so it runs inside a
-    captured graph and a seeded request reproduces whatever it is batched with.
-    """
-    head = torch.arange(heads, device=seed.device, dtype=torch.long)
-    x = seed[:, None] * _MIX1 + step[:, None] * _GOLDEN + head[None, :] * _MIX2 + _GOLDEN
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = x ^ _shr(x, 31)
-    return _shr(x, 40).to(torch.float32) / float(1 << 24)
-
-
-def bucket_sizes(limit: int, smallest: int = 1, step: int | None = None) -> list[int]:
-    """Powers of two from ``smallest`` up to ``limit`` (then every ``step``, if given), ``limit`` last."""
-    out, size = [], smallest
-    while size < limit:
-        out.append(size)
-        size = size * 2 if step is None or size * 2 <= step else size + step
-    out.append(limit)
-    return out
-
-
-def pick_bucket(buckets: list[int], need: int) -> int:
-    for size in buckets:
-        if size >= need:
-            return size
-    raise ValueError(f"{need} exceeds the largest bucket {buckets[-1]}")
-
-
-# Prefill metadata columns in SlotState.prefill_long, before the prompt ids.
-# _PF_TEXT: how many of the prompt's positions are text; the rest (to _PF_LENGTH) are the codes of a
-# voice sample (upstream's spk_smp), in SlotState.prefill_prompt_codes.
-_PF_LENGTH, _PF_SLOT, _PF_SPEAKER, _PF_TOP_K, _PF_WINDOW, _PF_MIN_FRAMES, _PF_SEED, _PF_TEXT = range(8)
-PF_META = 8
-# ... and in SlotState.prefill_float, before the speaker vector.
-_PF_TEMPERATURE, _PF_TOP_P, _PF_PENALTY = range(3)
-PF_FLOAT_META = 3
-
-
-class SlotState:
-    """Device buffers shared by every captured graph (addresses never change).
-
-    ``slots`` request slots plus one scratch slot (index ``slots``) for prefill padding: a KV
-    cache ``[slots + 1, kv_heads, max_len, head_dim]`` per layer, the next input of each slot,
-    its sampling parameters and the rings of its last ``MAX_REPETITION_WINDOW`` sampled tokens.
-
-    A slot holds an audio stream (4 code heads, every frame kept and, for the Decoder path,
-    its hidden state) or a refine-text job (the text head, one token a step; ``is_text``).
-    Both kinds share one cache and one decode step: the GPT trunk is the same model, so a
-    refine row costs a row of the step, not a second pass over the 20 layers; only the
-    embedding and the head differ per row. Each kind keeps a repetition ring of its own
-    (``history``: codes, ``vocab`` = empty; ``text_history``: text tokens, ``text_vocab`` = empty).
-    """
-
-    def __init__(self, gpt, slots: int, max_len: int, device: torch.device, prefill_rows: int,
-                 audio_rows: int, hidden_audio: bool = False, text_rows: int = 64):
-        s = gpt.sizes
-        total = slots + 1
-        self.gpt = gpt
-        self.slots, self.scratch, self.max_len = slots, slots, max_len
-        self.heads, self.vocab, self.text_vocab = s.num_vq, s.num_audio_tokens, s.num_text_tokens
-        kv = dict(dtype=gpt.dtype, device=device)
-        self.keys = [torch.zeros(total, s.num_key_value_heads, max_len, s.head_dim, **kv)
-                     for _ in range(s.num_hidden_layers)]
-        self.values = [torch.zeros_like(k) for k in self.keys]
-        lng = dict(dtype=torch.long, device=device)
-        self.rows = torch.arange(total, **lng)
-        self.columns = torch.arange(max_len, **lng)
-        self.ring = torch.arange(MAX_REPETITION_WINDOW, **lng)
-        self.codes = torch.zeros(total, self.heads, **lng)  # next step's input (a text token in column 0)
-        self.position = torch.zeros(total, **lng)  # position id of the next input
-        self.generated = torch.zeros(total, **lng)  # tokens sampled so far
-        self.is_text = torch.zeros(total, dtype=torch.bool, device=device)
-        # The slots of refine-text rows, padded with the scratch slot: a mixed step samples the text head
-        # for these rows only (21k scores sorted per row: the costly part), not for the whole batch.
-        self.text_index = torch.full((text_rows,), slots, **lng)
-        self.history = torch.full((total, MAX_REPETITION_WINDOW, self.heads), self.vocab, **lng)
-        self.text_history = torch.full((total, MAX_REPETITION_WINDOW, 1), self.text_vocab, **lng)
-        self.hidden = torch.zeros(total, s.hidden_size, **kv)
-        f32 = dict(dtype=torch.float32, device=device)
-        self.temperature = torch.zeros(total, **f32)
-        self.top_p = torch.ones(total, **f32)
-        self.penalty = torch.ones(total, **f32)
-        self.top_k = torch.zeros(total, **lng)
-        self.window = torch.zeros(total, **lng)
-        self.min_frames = torch.zeros(total, **lng)
-        self.seed = torch.zeros(total, **lng)
-        self.frames = torch.zeros(total, max_len, s.num_vq, **lng)  # for audio windows
-        # The hidden state each frame was sampled from: what the Decoder path turns into audio.
-        self.hidden_frames = (torch.zeros(total, max_len, s.hidden_size, **kv) if hidden_audio else None)
-        # Audio window inputs: (slot, first frame) per row.
-        self.audio_windows = torch.zeros(audio_rows, 2, **lng)
-        # Prefill inputs (written by one host->device copy per prefill) and output.
-        self.prefill_long = torch.zeros(prefill_rows, PF_META + max_len, **lng)
-        self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
-        self.prefill_codes = torch.zeros(prefill_rows, self.heads, **lng)
-        self.prefill_prompt_codes = torch.zeros(prefill_rows, max_len, s.num_vq, **lng)
-
-    def reset_sampling(self) -> None:
-        self.position.zero_()
-        self.generated.zero_()
-        self.codes.zero_()
-        self.is_text.zero_()
-        self.history.fill_(self.vocab)
-        self.text_history.fill_(self.text_vocab)
-
-    def embed(self, codes: torch.Tensor, is_text: torch.Tensor) -> torch.Tensor:
-        """``codes [B, heads]`` -> input embeddings ``[B, hidden]``; rows flagged ``is_text`` embed column 0
-        as a text token. Each embedding reads zeros in the rows of the other kind (a text token may lie past
-        the code vocabulary), and both are clamped into their vocabularies: a slot whose refine job ended
-        keeps its flag until its next prefill while the code heads write its input (its row is read by no
-        one), and an out-of-range id would stop the device, not just spoil a row."""
-        embed = self.gpt.embed
-        audio = embed.embed_codes(torch.where(is_text[:, None], 0, codes).clamp(max=self.vocab - 1))
-        text = embed.emb_text(torch.where(is_text, codes[:, 0], 0).clamp(max=self.text_vocab - 1))
-        return torch.where(is_text[:, None], text.to(audio.dtype), audio)
-
-    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [B, hidden]`` -> float32 logits ``[B, heads, vocab]``."""
-        return self.gpt.embed.code_logits(hidden)
-
-    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [B, hidden]`` -> float32 logits ``[B, 1, text_vocab]``."""
-        return self.gpt.embed.head_text(hidden.float())[:, None, :]
-
-    def record(self, rows, inputs: torch.Tensor, codes: torch.Tensor | None, text: torch.Tensor | None,
-               hidden: torch.Tensor) -> None:
-        """Keep ``inputs [B, heads]`` as the slots' next input; the code sampler's ``codes [B, heads]``
-        (from ``hidden``) in the frame history and the code ring, the text sampler's ``text [B, 1]`` in
-        the text ring.
-
-        In a mixed step every row is sampled and recorded both ways (fixed shapes): a ring or frame of
-        the other kind is never read, each holds only tokens of its own vocabulary, and a prefill
-        resets what its new occupant reads.
-        """
-        # Clamped: free slots inside the batch range keep stepping; they must never index past the end.
-        generated = self.generated[rows]
-        index = self.rows[rows] if isinstance(rows, slice) else rows
-        ring = generated % MAX_REPETITION_WINDOW
-        if codes is not None:
-            frame = generated.clamp(max=self.max_len - 1)
-            self.frames[index, frame] = codes
-            if self.hidden_frames is not None:
-                self.hidden_frames[index, frame] = hidden
-            self.history[index, ring] = codes
-        if text is not None:
-            self.text_history[index, ring] = text
-        self.codes[rows] = inputs
-        self.generated[rows] = generated + 1
-
-
-def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history: torch.Tensor) -> torch.Tensor:
-    """``logits [B, heads, V]`` float32 of slots ``rows`` -> tokens ``[B, heads]``.
-
-    ``model.sampling`` (upstream's order and limits) over the slots' parameters, fixed-shape:
-    greedy rows take ``greedy_tokens`` (the repetition penalty applied), the others ``token_probs``,
-    both over their last ``window`` tokens of ``history`` (its ring; ``V`` marks an empty entry),
-    with one counter-based uniform per head.
-    """
-    b, q, v = logits.shape
-    generated = state.generated[rows]
-    blocked = generated < state.min_frames[rows]
-    temperature = state.temperature[rows]
-    greedy = temperature == 0
-
-    # Repetition counts of each token among the row's last `window` steps.
-    w = MAX_REPETITION_WINDOW
-    age = (generated[:, None] - 1 - state.ring[None, :]) % w  # ring slot j holds step generated-1-age
-    recent_ok = age < torch.minimum(state.window[rows], generated)[:, None]
-    recent = torch.where(recent_ok[:, :, None], history[rows], v)  # v = "no token"
-    counts = repetition_counts(recent, v)
-    penalty = state.penalty[rows]
-    greedy_codes = greedy_tokens(logits, penalty, counts, blocked, eos)
-    probs, order = token_probs(
-        logits, torch.where(greedy, 1.0, temperature)[:, None].expand(b, q), penalty, counts,
-        state.top_p[rows], state.top_k[rows], blocked, eos)
-    sampled = draw(probs, order, counter_uniforms(state.seed[rows], generated, q))
-    return torch.where(greedy[:, None], greedy_codes, sampled)
-
-
-def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_end: int | None = None,
-                ragged: bool = False) -> None:
-    """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only.
-
-    With ``text_end`` the step is mixed: the slots in ``state.text_index`` (flagged ``is_text``) are
-    refine-text rows (text embedding in, text head out, ``text_end`` their end token) beside the audio
-    rows; every row also runs the code heads (cheap), whose output a refine row's input replaces. ``ragged``
-    attends with the ragged Triton kernel (each row reads its own columns only) instead of the
-    masked ``scaled_dot_product_attention`` over the bucket.
-    """
-    rows = state.rows[:batch]
-    position = state.position[:batch]
-    # Always read: a slot whose refine job ended keeps its flag (and a text token as input) until its
-    # next prefill, and stepping it as audio would index the code embeddings with a text token.
-    is_text = state.is_text[:batch]
-    h = state.embed(state.codes[:batch], is_text).to(gpt.dtype)[:, None, :]  # [B, 1, H]
-    cos, sin = gpt.llama.rotary_emb(h, position[:, None])
-
-    def write_kv(idx, k, v):
-        state.keys[idx][rows, :, position] = k[:, :, 0]
-        state.values[idx][rows, :, position] = v[:, :, 0]
-        return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
-
-    if ragged:
-        from chattts_runtime.engines.attention import ragged_decode_attention  # noqa: PLC0415  (Triton)
-
-        # A free slot's stale position may lie past the bucket: its row reads (and is) garbage, inside it.
-        lengths = torch.clamp(position + 1, max=length)
-        hidden = gpt.body(h, cos, sin, None, write_kv,
-                          lambda q, keys, values: ragged_decode_attention(q, keys, values, lengths, length))[:, 0]
-    else:
-        mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
-        hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
-    state.hidden[:batch] = hidden
-    codes = sample_slots(state, slice(0, batch), state.code_logits(hidden), eos, state.history)
-    if text_end is not None:
-        # Refine rows: the text head over their hidden states; the text ring written before the counter moves.
-        index = state.text_index[:min(batch, state.text_index.numel())]
-        text = sample_slots(state, index, state.text_logits(state.hidden[index]), text_end, state.text_history)
-        state.text_history[index, state.generated[index] % MAX_REPETITION_WINDOW] = text
-    state.record(slice(0, batch), codes, codes, None, hidden)
-    if text_end is not None:
-        state.codes[index] = F.pad(text, (0, state.heads - 1))
-    # Clamped so a row that already ended (read one step late) can never index past the cache.
-    state.position[:batch] = torch.clamp(position + 1, max=state.max_len - 1)
-
-
-def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speaker_token: int | None,
-                 text_end: int | None = None) -> None:
-    """Prefill ``rows`` newcomers from ``state.prefill_*`` (prompts right-padded to ``length``); static shapes.
-
-    Loads each newcomer's sampling parameters into its slot, embeds its prompt (the
-    speaker token's position carries the L2-normed speaker vector), runs the prompt into
-    the slot's KV cache and samples its first token(s) into ``state.prefill_codes``.
-    With ``text_end`` the newcomers are refine-text jobs (text head, no speaker).
-    Padding rows point at the scratch slot.
-    """
-    meta = state.prefill_long[:rows]
-    floats = state.prefill_float[:rows]
-    lengths, slots = meta[:, _PF_LENGTH], meta[:, _PF_SLOT]
-    state.temperature[slots] = floats[:, _PF_TEMPERATURE]
-    state.top_p[slots] = floats[:, _PF_TOP_P]
-    state.penalty[slots] = floats[:, _PF_PENALTY]
-    state.top_k[slots] = meta[:, _PF_TOP_K]
-    state.window[slots] = meta[:, _PF_WINDOW]
-    state.min_frames[slots] = meta[:, _PF_MIN_FRAMES]
-    state.seed[slots] = meta[:, _PF_SEED]
-    state.position[slots] = lengths
-    # index_fill_, not ``[slots] = 0``: a Python scalar would be a host tensor inside the capture.
-    state.generated.index_fill_(0, slots, 0)
-    state.is_text.index_fill_(0, slots, text_end is not None)
-    if text_end is None:
-        state.history.index_fill_(0, slots, state.vocab)
-    else:
-        state.text_history.index_fill_(0, slots, state.text_vocab)
-
-    ids = meta[:, PF_META:PF_META + length]
-    h = gpt.embed.emb_text(ids).to(gpt.dtype)
-    if speaker_token is not None and text_end is None:
-        speaker = F.normalize(floats[:, PF_FLOAT_META:], p=2.0, dim=-1, eps=1e-12).to(h.dtype)
-        where = (ids == speaker_token) & (meta[:, _PF_SPEAKER] > 0)[:, None]
-        h = torch.where(where[..., None], speaker[:, None, :], h)
-    if text_end is None:
-        # A voice sample's codes follow the text, embedded as generated frames are (the reference
-        # engine's prefill); for a prompt without one the test covers only its padding.
-        code_at = state.columns[:length][None, :] >= meta[:, _PF_TEXT][:, None]
-        sample = gpt.embed.embed_codes(state.prefill_prompt_codes[:rows, :length]).to(h.dtype)
-        h = torch.where(code_at[..., None], sample, h)
-    positions = state.columns[:length].expand(rows, length)
-    # Causal within the prompt; padding (at the end) is never seen by a real query.
-    mask = torch.ones(length, length, dtype=torch.bool, device=h.device).tril().expand(rows, 1, length, length)
-    cos, sin = gpt.llama.rotary_emb(h, positions)
-    cols = state.columns[:length][None, :]
-
-    def write_kv(idx, k, v):
-        state.keys[idx][slots[:, None], :, cols] = k.transpose(1, 2)
-        state.values[idx][slots[:, None], :, cols] = v.transpose(1, 2)
-        return k, v
-
-    out = gpt.body(h, cos, sin, mask, write_kv)
-    hidden = out[state.rows[:rows], lengths - 1]
-    state.hidden[slots] = hidden
-    if text_end is None:
-        codes = sample_slots(state, slots, state.code_logits(hidden), eos, state.history)
-        state.record(slots, codes, codes, None, hidden)
-    else:
-        text = sample_slots(state, slots, state.text_logits(hidden), text_end, state.text_history)
-        codes = F.pad(text, (0, state.heads - 1))  # the text token in column 0
-        state.record(slots, codes, None, text, hidden)
-    state.prefill_codes[:rows] = codes
-
-
-def decode_windows(model, state: SlotState, rows: int, frames: int, hidden: bool = False) -> torch.Tensor:
-    """Audio of ``rows`` windows of ``frames`` frames, each (slot, first frame) in ``state.audio_windows``:
-    from their codes (DVAE) or, with ``hidden``, from their hidden states (Decoder)."""
-    windows = state.audio_windows[:rows]
-    index = (windows[:, 1:2] + state.columns[None, :frames]).clamp(max=state.max_len - 1)
-    if hidden:
-        return model.hidden_to_audio(state.hidden_frames[windows[:, 0:1], index])
-    return model.codes_to_audio(state.frames[windows[:, 0:1], index])
-
-
-def pack_prefill(rows: int, length: int, speaker_width: int, scratch: int, items,
-                 num_vq: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The host side of one prefill: ``items`` of (slot, prompt ids, SamplingParams, seed, speaker or None,
-    voice-sample codes ``[T, num_vq]`` or None) -> ``prefill_long`` and ``prefill_float`` rows, and the
-    ``prefill_prompt_codes`` rows when any item has codes (else None); padding rows point at the scratch slot."""
-    meta = np.zeros((rows, PF_META + length), np.int64)
-    meta[:, _PF_SLOT] = scratch
-    meta[:, _PF_LENGTH] = 1
-    meta[:, _PF_TEXT] = 1
-    floats = np.zeros((rows, PF_FLOAT_META + speaker_width), np.float32)
-    sample_codes = None
-    for row, (slot, ids, p, seed, speaker, codes) in enumerate(items):
-        meta[row, PF_META:PF_META + len(ids)] = ids
-        total = len(ids) + (0 if codes is None else len(codes))
-        meta[row, :PF_META] = (total, slot, speaker is not None, p.top_k, p.repetition_window,
-                               p.min_new_frames, _signed(seed % _U64), len(ids))
-        floats[row, :PF_FLOAT_META] = (p.uniform_temperature, p.top_p, p.repetition_penalty)
-        if speaker is not None:
-            floats[row, PF_FLOAT_META:] = speaker
-        if codes is not None and len(codes):
-            if sample_codes is None:
-                sample_codes = np.zeros((rows, length, num_vq), np.int64)
-            sample_codes[row, len(ids):total] = codes
-    return meta, floats, sample_codes
-
 
 @dataclass
-class _TextJob:
-    """One refine-text prompt on its way through a slot (a refine row of the steps)."""
+class _Slotted:
+    """An audio request, waiting (``slot`` -1) or in its slot."""
 
-    job_id: str
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    seed: int
-    slot: int = -1
-    tokens: list[int] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-    scheduled_after: float | None = None  # seconds from arrival to its prefill
-
-
-class _RefineHost:
-    """Host mirror of the slots that hold refine-text jobs (index = slot), and the jobs waiting for one."""
-
-    def __init__(self, slots: int):
-        total = slots + 1
-        self.waiting: collections.deque[_TextJob] = collections.deque()
-        self.running: dict[int, _TextJob] = {}
-        self.active = np.zeros(total, bool)
-        self.limit = np.zeros(total, np.int64)  # tokens allowed (max_new_frames, max_model_len)
-
-    def reset(self) -> None:
-        self.running = {}
-        self.active[:] = False
-
-
-@dataclass
-class _Slotted(_Sequence):
+    request: SynthesisRequest
+    generator: torch.Generator | None = None  # its seed (counter_uniforms), when it samples
+    position: int = 0  # position id of its next input
+    done: bool = False
     slot: int = -1
     sent: int = 0  # frames handed out (frames path) or decoded to audio (audio path)
     samples_sent: int = 0  # audio path: samples handed out
@@ -495,11 +135,11 @@ class _AudioBatch:
         return self.ready.query()
 
 
-class GraphEngine(ReferenceEngine):
+class GraphEngine(Engine):
     """Continuous batching over static slots with graph-replayed steps (see the module docstring).
 
-    Shares the reference engine's request side (submit, abort, streams, stop) and
-    replaces its worker.
+    The request side (submit, abort, streams, the worker thread) is ``engines.plumbing``'s, as the
+    reference engine's is.
     """
 
     name = "graph"
@@ -512,8 +152,19 @@ class GraphEngine(ReferenceEngine):
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
                  refine_rows: int = 64, next_piece_grace: float = 1.0):
-        super().__init__(model, max_num_seqs=max_num_seqs, max_waiting=max_waiting, max_model_len=max_model_len,
-                         observer=observer, next_piece_grace=next_piece_grace)
+        if next_piece_grace < 0:
+            raise ValueError("next_piece_grace must be >= 0")
+        self.model = model
+        # How long a later piece of a playing response may wait behind others' first-audio work.
+        self.next_piece_grace = next_piece_grace
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.max_model_len = max_model_len
+        self.observer = observer or NullObserver()
+        self._eos = model.sizes.gpt.audio_eos
+        self.requests = RequestPlumbing(max_waiting=max_waiting, num_vq=model.sizes.gpt.num_vq,
+                                        request_id=lambda seq: seq.request.request_id)
+        self.steps = 0
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
         if prefill_rows < 1 or audio_rows < 1:
@@ -558,8 +209,7 @@ class GraphEngine(ReferenceEngine):
         if refine_rows < 1:
             raise ValueError("refine_rows must be >= 1")
         self.refine_rows = min(refine_rows, max_num_seqs)
-        self._refine = _RefineHost(max_num_seqs)
-        self._text_index_stale = True
+        self._refine = RefineBook()
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
@@ -574,19 +224,10 @@ class GraphEngine(ReferenceEngine):
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self.capture_seconds = 0.0
-        # Host mirror of the slots (index = slot; the last one is the scratch slot).
-        total = max_num_seqs + 1
+        # Host side of the slots (engines.slots; index = slot, the last one is the scratch slot).
         self._running: dict[int, _Slotted] = {}
-        self._free: list[int] = list(range(max_num_seqs))
-        self._active = np.zeros(total, bool)
-        self._epoch = np.zeros(total, np.int64)
-        self._count = np.zeros(total, np.int64)  # frames accepted
-        self._limit = np.zeros(total, np.int64)  # frames allowed (max_new_frames, max_model_len)
-        self._next_emit = np.zeros(total, np.int64)  # frame count at which the next chunk is due
-        self._position = np.zeros(total, np.int64)  # position id of the next input, as launched
-        self._want_hidden = np.zeros(total, bool)  # hidden states handed out (not decoded here)
-        self._hidden_audio = np.zeros(total, bool)  # audio decoded here from hidden states (Decoder path)
-        self._frames_host = np.zeros((total, max_model_len, model.sizes.gpt.num_vq), np.int64)
+        self._slots = SlotTable(max_num_seqs)
+        self._frames = FrameBook(max_num_seqs, max_model_len, model.sizes.gpt.num_vq)
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
     def _ragged_threshold(self, choice: str) -> int | None:
@@ -609,7 +250,8 @@ class GraphEngine(ReferenceEngine):
         return self.ragged_from is not None and batch >= self.ragged_from
 
     def describe(self) -> dict:
-        return {**super().describe(), "engine": self.name, "cuda_graphs": self.use_graphs,
+        return {"engine": self.name, "max_num_seqs": self.max_num_seqs, "max_waiting": self.max_waiting,
+                "max_model_len": self.max_model_len, "cuda_graphs": self.use_graphs,
                 "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
                 "audio_graphs": len(self._audio_graphs),
@@ -633,13 +275,28 @@ class GraphEngine(ReferenceEngine):
                               f"{MAX_REPETITION_WINDOW} (graph engine)")
         if request.want_audio and request.want_hidden and not self.hidden_audio:
             raise EngineError("want_audio with want_hidden decodes hidden states, and this checkpoint has no Decoder")
-        return super().submit(request)
+        return self.requests.submit(request, self.enqueue, self.abort)
+
+    def enqueue(self, request: SynthesisRequest) -> None:
+        """Queue a request whose chunks go to ``requests.emit`` (``submit`` adds the stream around it)."""
+        if request.prompt_length + 1 > self.max_model_len:
+            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
+                              f"{self.max_model_len}")
+        self.requests.add(_Slotted(request, generator=new_generator(request.params)))
+
+    def abort(self, request_id: str) -> None:
+        self.requests.abort(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.requests.num_waiting
 
     async def start(self) -> None:
-        import asyncio  # noqa: PLC0415
-
-        self._loop = asyncio.get_running_loop()
+        self.requests.bind_loop()
         await asyncio.to_thread(self.start_worker)
+
+    def stop_worker(self) -> None:
+        self.requests.stop_worker()
 
     def start_worker(self) -> None:
         """Start the worker and wait until its graphs are captured (raises what set-up raised)."""
@@ -647,7 +304,7 @@ class GraphEngine(ReferenceEngine):
             import sys  # noqa: PLC0415
 
             sys.setswitchinterval(min(sys.getswitchinterval(), self.gil_switch_interval))
-        super().start_worker()
+        self.requests.start_worker(self._worker, f"chattts-{self.name}-engine")
         self._ready.wait()
         if self._start_error is not None:
             raise EngineError(f"graph engine failed to start: {self._start_error}") from self._start_error
@@ -687,8 +344,7 @@ class GraphEngine(ReferenceEngine):
         # concurrently with them on their own stream, so they get a pool of their own.
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device=self.model.device)
-        state.prefill_long[:, _PF_SLOT] = state.scratch  # capture with every row on the scratch slot
-        state.prefill_long[:, _PF_LENGTH] = 1
+        state.park_prefill_rows()  # capture with every row on the scratch slot
         end = self._refine_end
         kinds = (False, True) if end is not None else (False,)  # audio only; with refine-text rows
         # Largest first, so smaller graphs reuse the shared pool's blocks.
@@ -731,17 +387,12 @@ class GraphEngine(ReferenceEngine):
             in_flight: list[tuple[bool, _Output]] = []
             refine = self._refine
             while True:
-                with self._cond:
-                    while (not self._stopping and not self._waiting and not self._running and not self._aborted
-                           and not in_flight and not self._audio_fifo and not refine.waiting
-                           and not refine.running):
-                        self._cond.wait()
-                    if self._stopping:
+                with self.requests.cond:
+                    if not self.requests.wait_for_work(lambda: bool(
+                            self._running or in_flight or self._audio_fifo or refine.waiting or refine.running)):
                         return
-                    aborted, self._aborted = self._aborted, set()
+                    aborted = self.requests.take_aborted()
                     if aborted:
-                        self._waiting = type(self._waiting)(s for s in self._waiting
-                                                            if s.request.request_id not in aborted)
                         refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
                     admitted, text_admitted = self._admit()
                 events: list[tuple[str, FrameChunk]] = []
@@ -776,11 +427,14 @@ class GraphEngine(ReferenceEngine):
                     log.exception("generation step failed")
                     self._fail_all(err, admitted, windows, events, text_admitted)
                     in_flight = []
-                if events and not self._emit(events):
+                if events and not self.requests.emit(events):
                     return
 
+    def _empty(self) -> np.ndarray:
+        return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
+
     def _fail_all(self, err: Exception, admitted: list, windows: list[_Window],
-                  events: list[tuple[str, FrameChunk]], text_admitted: list[_TextJob]) -> None:
+                  events: list[tuple[str, FrameChunk]], text_admitted: list[TextJob]) -> None:
         """Every request not finished from its stream's point of view ends with the error."""
         for job in {j.job_id: j for j in [*self._refine.running.values(), *text_admitted]}.values():
             self._text_result(job.job_id, None, str(err))
@@ -797,35 +451,33 @@ class GraphEngine(ReferenceEngine):
             events.append((rid, FrameChunk(self._empty(), finished=True, finish_reason="error", error=str(err))))
         self._running = {}
         self._audio_fifo.clear()
-        self._active[:] = False
-        self._free = list(range(self.max_num_seqs))
+        self._slots.reset()
 
-    def _admit(self) -> tuple[list[_Sequence], list[_TextJob]]:
+    def _admit(self) -> tuple[list[_Slotted], list[TextJob]]:
         """The waiting audio requests and refine-text jobs to start now (``engines.schedule``: first-audio
         work first, later pieces of playing responses after it within their grace); called under the lock."""
-        refine = self._refine
-        if not self._free or not (self._waiting or refine.waiting):
+        refine, waiting = self._refine, self.requests.waiting
+        if not self._slots.free or not (waiting or refine.waiting):
             return [], []
-        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in self._waiting],
-                              [j.arrival for j in refine.waiting], free_slots=len(self._free),
+        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in waiting],
+                              [j.arrival for j in refine.waiting], free_slots=self._slots.free,
                               text_room=self.refine_rows - len(refine.running), now=time.monotonic(),
                               next_piece_grace=self.next_piece_grace, audio_open=self._admit_now())
-        admitted: list[_Sequence] = []
-        text_admitted: list[_TextJob] = []
+        admitted: list[_Slotted] = []
+        text_admitted: list[TextJob] = []
         if plan.audio:
-            admitted, left = take(list(self._waiting), plan.audio)
-            self._waiting = collections.deque(left)
+            admitted, left = take(list(waiting), plan.audio)
+            self.requests.waiting = collections.deque(left)
         if plan.text:
             text_admitted, left = take(list(refine.waiting), plan.text)
             refine.waiting = collections.deque(left)
         return admitted, text_admitted
 
     def _admit_now(self) -> bool:
-        if not self._waiting:
-            return False
-        if not self._running or len(self._waiting) >= self.prefill_rows:  # idle, or a full prefill is ready
-            return True
-        return time.monotonic() - self._waiting[0].request.arrival >= self.admit_interval
+        waiting = self.requests.waiting
+        return gather_open(len(waiting), waiting[0].request.arrival if waiting else None,
+                           streaming=bool(self._running), prefill_rows=self.prefill_rows,
+                           admit_interval=self.admit_interval, now=time.monotonic())
 
     def _to_host(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         if tensor is None:
@@ -851,13 +503,12 @@ class GraphEngine(ReferenceEngine):
 
     # -- prefill -------------------------------------------------------------------------------
 
-    def _prefill(self, seqs: list[_Sequence]) -> _Output:
+    def _prefill(self, slotted: list[_Slotted]) -> _Output:
         now = time.monotonic()
         state = self._state
-        slotted = []
-        for seq in seqs:
+        for seq in slotted:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
-            slotted.append(_Slotted(seq.request, seq.generator, slot=heapq.heappop(self._free)))
+            seq.slot = self._slots.claim()
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
         meta, floats, sample_codes = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
@@ -871,21 +522,17 @@ class GraphEngine(ReferenceEngine):
         slots = np.array([s.slot for s in slotted], np.int64)
         for seq in slotted:
             self._running[seq.slot] = seq
-            self._limit[seq.slot] = min(seq.request.params.max_new_frames,
-                                        self.max_model_len - seq.position + 1)
-            self._next_emit[seq.slot] = (self.windows.next_end(0) if seq.request.want_audio
-                                         else self.emit_frames)
-            self._want_hidden[seq.slot] = seq.request.want_hidden and not seq.request.want_audio
-            self._hidden_audio[seq.slot] = seq.request.want_hidden and seq.request.want_audio
-        self._epoch[slots] += 1
-        self._active[slots] = True
-        self._count[slots] = 0
-        self._position[slots] = [s.position for s in slotted]
-        want_hidden = bool(self._want_hidden[slots].any())
+            req = seq.request
+            self._frames.start(seq.slot, limit=min(req.params.max_new_frames, self.max_model_len - seq.position + 1),
+                               next_emit=self.windows.next_end(0) if req.want_audio else self.emit_frames,
+                               want_hidden=req.want_hidden and not req.want_audio,
+                               hidden_audio=req.want_hidden and req.want_audio)
+        epochs = self._slots.occupy(slots, [s.position for s in slotted], text=False)
+        want_hidden = bool(self._frames.want_hidden[slots].any())
         slots_dev = None
         if want_hidden:
             slots_dev = torch.from_numpy(slots).to(self.model.device)
-        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]),
+        out = _Output(slots, epochs, np.arange(n), self._to_host(state.prefill_codes[:n]),
                       self._to_host(state.hidden[slots_dev]) if want_hidden else None)
         out.ready = self._event()
         return out
@@ -927,17 +574,12 @@ class GraphEngine(ReferenceEngine):
             raise EngineError("refine-text samples at one temperature over at most "
                               f"{MAX_REPETITION_WINDOW} tokens of repetition window")
         generator = new_generator(params)
-        job = _TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
-        with self._cond:
-            if self._stopping:
-                raise EngineStopped("engine is stopping")
-            if len(self._refine.waiting) >= self.max_waiting:
-                raise QueueFull(len(self._refine.waiting), retry_after=1.0)
-            self._refine.waiting.append(job)
-            self._cond.notify()
+        job = TextJob(job_id, tuple(prompt_ids), params, generator.initial_seed() if generator is not None else 0)
+        with self.requests.cond:  # refine.waiting is replaced under the lock
+            self.requests.add(job, self._refine.waiting)
 
     async def refine_text(self, job_id: str, prompt_ids, params: SamplingParams, on_wait=None) -> list[int]:
-        if self._loop is None:
+        if not self.requests.started:
             raise EngineError("engine not started")
         return await self._text_jobs.run(job_id, lambda: self.enqueue_text(job_id, prompt_ids, params),
                                          lambda: self.abort(job_id), on_wait)
@@ -945,60 +587,38 @@ class GraphEngine(ReferenceEngine):
     def _text_result(self, job_id: str, tokens: list[int] | None, error: str | None,
                      wait: float | None = None) -> None:
         """A refine job ended (worker thread); the engine process replaces this with a pipe message."""
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._text_jobs.settle, job_id, tokens, error, wait)
-            except RuntimeError:  # the event loop is gone
-                pass
+        self.requests.call_on_loop(self._text_jobs.settle, job_id, tokens, error, wait)
 
     async def stop(self) -> None:
-        await super().stop()
+        await asyncio.to_thread(self.stop_worker)
+        self.requests.close_streams()
         self._text_jobs.fail_all("engine stopped")
 
-    def _prefill_text(self, jobs: list[_TextJob]) -> _Output:
+    def _prefill_text(self, jobs: list[TextJob]) -> _Output:
         state, host = self._state, self._refine
         now = time.monotonic()
         for job in jobs:
-            job.slot = heapq.heappop(self._free)
-            job.scheduled_after = max(0.0, now - job.arrival)
+            host.start(job, self._slots.claim(), max_len=self.max_model_len, now=now)
         n = len(jobs)
         rows, length = self._prefill_shape(n, max(len(j.prompt_ids) for j in jobs))
         meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
                                        [(j.slot, j.prompt_ids, j.params, j.seed, None, None) for j in jobs])
         self._run_prefill(rows, length, meta, floats, text=True)
         slots = np.array([j.slot for j in jobs], np.int64)
-        for job in jobs:
-            host.running[job.slot] = job
-            # As engines.refine: at most max_new_frames tokens, and no position past max_model_len.
-            host.limit[job.slot] = min(job.params.max_new_frames, self.max_model_len - len(job.prompt_ids))
-        self._epoch[slots] += 1  # one epoch per slot, whichever kind holds it
-        host.active[slots] = True
-        self._text_index_stale = True
-        self._position[slots] = [len(j.prompt_ids) for j in jobs]
-        out = _Output(slots, self._epoch[slots].copy(), np.arange(n), self._to_host(state.prefill_codes[:n]), None)
+        epochs = self._slots.occupy(slots, [len(j.prompt_ids) for j in jobs], text=True)
+        out = _Output(slots, epochs, np.arange(n), self._to_host(state.prefill_codes[:n]), None)
         out.ready = self._event()
         return out
 
     def _accept_text(self, out: _Output) -> None:
         tokens, _ = out.fetch()
-        host = self._refine
-        live = host.active[out.slots] & (self._epoch[out.slots] == out.epochs)
-        for slot, row in zip(out.slots[live], out.rows[live]):
-            job = host.running[int(slot)]
-            token = int(tokens[row, 0])
-            if token == self._refine_end:
-                self._end_text(job, None)
-                continue
-            job.tokens.append(token)
-            if len(job.tokens) >= host.limit[slot]:
-                self._end_text(job, None)
+        live = self._slots.live(out.slots, out.epochs, text=True)
+        for job in self._refine.accept(out.slots[live], tokens[out.rows[live], 0], self._refine_end):
+            self._end_text(job, None)
 
-    def _end_text(self, job: _TextJob, error: str | None) -> None:
-        host = self._refine
-        host.active[job.slot] = False
-        del host.running[job.slot]
-        self._text_index_stale = True
-        heapq.heappush(self._free, job.slot)
+    def _end_text(self, job: TextJob, error: str | None) -> None:
+        self._refine.finish(job)
+        self._slots.release(job.slot)
         self._text_result(job.job_id, job.tokens, error, job.scheduled_after)
 
     # -- decode steps ----------------------------------------------------------------------------
@@ -1007,19 +627,11 @@ class GraphEngine(ReferenceEngine):
         """One decode step over every occupied slot, audio and refine-text rows together, at the smallest
         captured (batch, length) bucket that holds them: replayed when captured, else run eagerly.
         Returns (is refine-text, output) for each kind present; both read the same codes."""
-        state, refine = self._state, self._refine
-        occupied = self._active | refine.active
-        slots = np.flatnonzero(occupied)
-        batch = pick_bucket(self.batch_buckets, int(slots[-1]) + 1)
-        need = min(int(self._position[slots].max()), self.max_model_len - 1) + 1
-        length = pick_bucket(self.length_buckets, need)
-        mixed = bool(refine.running)
-        if mixed and self._text_index_stale:
-            index = np.full(self.refine_rows, state.scratch, np.int64)
-            text_slots = np.flatnonzero(refine.active)
-            index[:len(text_slots)] = text_slots
-            self._to_device(state.text_index, index)
-            self._text_index_stale = False
+        state = self._state
+        plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows)
+        slots, batch, length, mixed = plan.slots, plan.batch, plan.length, plan.mixed
+        if plan.text_index is not None:
+            self._to_device(state.text_index, plan.text_index)
         graph = self._graphs.get((batch, length, mixed))
         if graph is not None:
             graph.replay()
@@ -1028,42 +640,34 @@ class GraphEngine(ReferenceEngine):
                         self._ragged(batch))
         self.steps += 1
         self.observer.on_step(len(slots))
-        self._position[slots] += 1
-        audio = slots[self._active[slots]]
-        text = slots[refine.active[slots]]
-        want_hidden = bool(self._want_hidden[audio].any())
+        self._slots.stepped(slots)
+        audio, text = plan.audio, plan.text
+        want_hidden = bool(self._frames.want_hidden[audio].any())
         codes = self._to_host(state.codes[:batch])
         hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
         ready = self._event()
         outputs = []
         if len(audio):
-            outputs.append((False, _Output(audio, self._epoch[audio].copy(), audio, codes, hidden, ready)))
+            outputs.append((False, _Output(audio, self._slots.epoch[audio].copy(), audio, codes, hidden, ready)))
         if len(text):
-            outputs.append((True, _Output(text, self._epoch[text].copy(), text, codes, None, ready)))
+            outputs.append((True, _Output(text, self._slots.epoch[text].copy(), text, codes, None, ready)))
         return outputs
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
         """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""
         codes, hidden = out.fetch()
         slots, rows = out.slots, out.rows
-        live = self._active[slots] & (self._epoch[slots] == out.epochs)
+        live = self._slots.live(slots, out.epochs, text=False)
         if not live.all():
             slots, rows = slots[live], rows[live]
         if not len(slots):
             return
-        frames = codes[rows]
-        ended = (frames == self._eos).any(axis=1)
-        kept = ~ended
-        count = self._count[slots]
-        self._frames_host[slots[kept], count[kept]] = frames[kept]
-        count = count + kept
-        self._count[slots] = count
-        full = kept & (count >= self._limit[slots])
-        due = kept & ~full & (count >= self._next_emit[slots])
+        accepted = self._frames.accept(slots, codes[rows], self._eos)
+        ended, full = accepted.ended, accepted.full
         if hidden is not None:
-            for i in np.flatnonzero(kept & self._want_hidden[slots]):
+            for i in np.flatnonzero(accepted.kept & self._frames.want_hidden[slots]):
                 self._running[int(slots[i])].hidden.append(hidden[rows[i]].copy())
-        for i in np.flatnonzero(ended | full | due):
+        for i in np.flatnonzero(ended | full | accepted.due):
             seq = self._running[int(slots[i])]
             if ended[i]:
                 self._finish(seq, "eos", events, windows)
@@ -1074,13 +678,14 @@ class GraphEngine(ReferenceEngine):
 
     def _hand_out(self, seq: _Slotted, events, windows: list[_Window], final: str | None = None) -> None:
         """Frames accepted since the last chunk: as codes, or as an audio window for ``want_audio``."""
-        slot, count = seq.slot, int(self._count[seq.slot])
+        book = self._frames
+        slot, count = seq.slot, int(book.count[seq.slot])
         if not seq.request.want_audio:
-            codes = self._frames_host[slot, seq.sent:count].copy()
+            codes = book.frames[slot, seq.sent:count].copy()
             hidden = np.stack(seq.hidden) if seq.request.want_hidden and seq.hidden else None
             seq.hidden = []
             seq.sent = count
-            self._next_emit[slot] = count + self.emit_frames
+            book.next_emit[slot] = count + self.emit_frames
             events.append((seq.request.request_id, FrameChunk(codes, hidden, finished=final is not None,
                                                               finish_reason=final)))
             return
@@ -1088,11 +693,11 @@ class GraphEngine(ReferenceEngine):
             windows.remove(seq.pending_window)
             seq.sent = seq.pending_window.decoded_before
         start = self.windows.start(seq.sent, count) if count > seq.sent else count
-        seq.pending_window = _Window(seq, start, count, self._frames_host[slot, seq.sent:count].copy(), final,
+        seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.sent:count].copy(), final,
                                      decoded_before=seq.sent)
         windows.append(seq.pending_window)
         seq.sent = count
-        self._next_emit[slot] = self.windows.next_end(count)
+        book.next_emit[slot] = self.windows.next_end(count)
 
     def _finish(self, seq: _Slotted, reason: str, events, windows: list[_Window]) -> None:
         seq.done = True
@@ -1102,10 +707,8 @@ class GraphEngine(ReferenceEngine):
                                                               finish_reason="aborted")))
         else:
             self._hand_out(seq, events, windows, final=reason)
-        slot = seq.slot
-        self._active[slot] = False
-        del self._running[slot]
-        heapq.heappush(self._free, slot)
+        del self._running[seq.slot]
+        self._slots.release(seq.slot)
 
     # -- audio windows ---------------------------------------------------------------------------
 
@@ -1119,7 +722,7 @@ class GraphEngine(ReferenceEngine):
         by_shape: dict[tuple[bool, int], list[_Window]] = {}
         for w in windows:
             if w.end > w.start:
-                by_shape.setdefault((bool(self._hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
+                by_shape.setdefault((bool(self._frames.hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
         for (hidden, frames), group in by_shape.items():
             for first in range(0, len(group), self.audio_rows):
                 self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames, hidden))

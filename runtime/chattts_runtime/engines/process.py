@@ -154,7 +154,7 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
         scheduled, steps = readings.take()
         return send(("chunks", batch, scheduled, steps, engine.num_waiting, engine.num_running))
 
-    engine._emit = emit  # chunks go to the pipe instead of an event loop
+    engine.requests.outlet = emit  # chunks go to the pipe instead of an event loop
     refines = bool(getattr(engine, "refines_text", False))
     if refines:
         engine._text_result = lambda job_id, tokens, error, wait=None: send(("refined", job_id, tokens, error, wait))

@@ -7,14 +7,14 @@ and leave the batch between steps, so a new request waits at most one step plus 
 prefills ahead of it. Frames go to the request's asyncio queue as soon as they exist.
 
 Torch releases the GIL inside kernels, so the event loop (HTTP, metrics) stays live
-while the worker computes.
+while the worker computes. The request side (waiting queue, streams, aborts, the worker
+thread) is ``engines.plumbing``'s, shared with the graph engine.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from chattts_runtime.engines.base import (
-    Engine, EngineError, EngineStopped, FrameChunk, NullObserver, QueueFull,
-    SchedulerObserver, SynthesisRequest, stream_chunks)
+    Engine, EngineError, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest)
 from chattts_runtime.engines.kvcache import BatchKVCache
+from chattts_runtime.engines.plumbing import RequestPlumbing
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.model.sampling import new_generator, sample_tokens
 
@@ -63,14 +63,10 @@ class ReferenceEngine(Engine):
         self.observer = observer or NullObserver()
         sizes = model.sizes.gpt
         self._eos = sizes.audio_eos
-        self._cond = threading.Condition()
-        self._waiting: collections.deque[_Sequence] = collections.deque()
+        # The waiting queue, streams, aborts and worker thread (shared with the graph engine).
+        self.requests = RequestPlumbing(max_waiting=max_waiting, num_vq=sizes.num_vq,
+                                        request_id=lambda seq: seq.request.request_id)
         self._running: list[_Sequence] = []
-        self._aborted: set[str] = set()
-        self._streams: dict[str, asyncio.Queue[FrameChunk]] = {}
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._cache = self._new_cache()
         self.steps = 0
 
@@ -82,41 +78,23 @@ class ReferenceEngine(Engine):
     # -- the event-loop side -------------------------------------------------------------
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.requests.bind_loop()
         self.start_worker()
 
     def start_worker(self) -> None:
         """Start the worker thread (``start`` does this for the event loop's streams)."""
-        self._thread = threading.Thread(target=self._worker, name=f"chattts-{self.name}-engine", daemon=True)
-        self._thread.start()
+        self.requests.start_worker(self._worker, f"chattts-{self.name}-engine")
 
     def stop_worker(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _emit(self, events: list[tuple[str, FrameChunk]]) -> bool:
-        """Hand a batch of chunks to their streams (worker thread); False once nobody can listen."""
-        if self._loop is None:
-            return False
-        try:
-            self._loop.call_soon_threadsafe(self._deliver, events)
-        except RuntimeError:  # the event loop is gone
-            return False
-        return True
+        self.requests.stop_worker()
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.stop_worker)
-        for rid, queue in list(self._streams.items()):
-            queue.put_nowait(FrameChunk(np.zeros((0, self.model.sizes.gpt.num_vq), np.int64), finished=True,
-                                        finish_reason="aborted"))
-        self._streams.clear()
+        self.requests.close_streams()
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self.requests.num_waiting
 
     @property
     def num_running(self) -> int:
@@ -127,56 +105,27 @@ class ReferenceEngine(Engine):
                 "max_model_len": self.max_model_len}
 
     def submit(self, request: SynthesisRequest) -> AsyncIterator[FrameChunk]:
-        if self._loop is None:
-            raise EngineError("engine not started")
-        queue: asyncio.Queue[FrameChunk] = asyncio.Queue()
-        with self._cond:
-            if request.request_id in self._streams:
-                raise EngineError(f"duplicate request id {request.request_id}")
-            self.enqueue(request)
-            self._streams[request.request_id] = queue
-        rid = request.request_id
-        return stream_chunks(queue, lambda: self.abort(rid), lambda: self._streams.pop(rid, None))
+        return self.requests.submit(request, self.enqueue, self.abort)
 
     def enqueue(self, request: SynthesisRequest) -> None:
-        """Queue a request whose frames go to ``_emit`` (``submit`` adds the stream around it)."""
+        """Queue a request whose frames go to ``requests.emit`` (``submit`` adds the stream around it)."""
         if request.prompt_length + 1 > self.max_model_len:
             raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
                               f"{self.max_model_len}")
-        with self._cond:
-            if self._stopping:
-                raise EngineStopped("engine is stopping")
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(len(self._waiting), retry_after=1.0)
-            seq = _Sequence(request, generator=new_generator(request.params))
-            self._waiting.append(seq)
-            self._cond.notify()
+        self.requests.add(_Sequence(request, generator=new_generator(request.params)))
 
     def abort(self, request_id: str) -> None:
-        with self._cond:
-            self._aborted.add(request_id)
-            self._cond.notify()
-
-    def _deliver(self, events: list[tuple[str, FrameChunk]]) -> None:
-        for rid, chunk in events:
-            queue = self._streams.get(rid)
-            if queue is not None:
-                queue.put_nowait(chunk)
+        self.requests.abort(request_id)
 
     # -- the worker thread ---------------------------------------------------------------
 
     def _worker(self) -> None:
         with torch.inference_mode():
             while True:
-                with self._cond:
-                    while not self._stopping and not self._waiting and not self._running and not self._aborted:
-                        self._cond.wait()
-                    if self._stopping:
+                with self.requests.cond:
+                    if not self.requests.wait_for_work(lambda: bool(self._running)):
                         return
-                    aborted, self._aborted = self._aborted, set()
-                    if aborted:
-                        self._waiting = collections.deque(s for s in self._waiting
-                                                          if s.request.request_id not in aborted)
+                    aborted = self.requests.take_aborted()
                     admitted = self._admit(self.max_num_seqs - len(self._running))
                 events: list[tuple[str, FrameChunk]] = []
                 try:
@@ -201,18 +150,19 @@ class ReferenceEngine(Engine):
                                                       error=str(err))))
                     self._running = []
                     self._cache = self._new_cache()
-                if events and not self._emit(events):
+                if events and not self.requests.emit(events):
                     return
 
     def _admit(self, free: int) -> list[_Sequence]:
         """Waiting requests for up to ``free`` rows, first-audio work first (``engines.schedule``)."""
-        if free <= 0 or not self._waiting:
+        waiting = self.requests.waiting
+        if free <= 0 or not waiting:
             return []
-        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in self._waiting], (),
+        plan = plan_admission([Waiting(s.request.arrival, s.request.stage) for s in waiting], (),
                               free_slots=free, text_room=0, now=time.monotonic(),
                               next_piece_grace=self.next_piece_grace)
-        admitted, left = take(list(self._waiting), plan.audio)
-        self._waiting = collections.deque(left)
+        admitted, left = take(list(waiting), plan.audio)
+        self.requests.waiting = collections.deque(left)
         return admitted
 
     def _empty(self) -> np.ndarray:

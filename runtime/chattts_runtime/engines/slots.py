@@ -1,0 +1,244 @@
+"""The graph engine's host-side scheduling over its slots: pure (numpy, no torch, no threads).
+
+``engines.schedule`` decides which waiting work starts; this module keeps the rest of what the
+graph engine's worker reasons about between two launches (``engines.graph``; the GPU side is
+``engines.graph_steps``):
+
+* :class:`SlotTable`: which slot is free or holds an audio stream or a refine-text job, each
+  slot's epoch (a slot reused since a launch makes that launch's rows for it stale) and position;
+  :meth:`SlotTable.next_step` is the next decode step's plan: the slots it covers, its batch and
+  KV-length buckets, whether refine rows ride in it;
+* :func:`gather_open`: whether waiting audio may be prefilled now or gathered a little longer;
+* :class:`FrameBook` and :class:`RefineBook`: what one step's output means per slot (a frame
+  kept, a chunk due, a stream or a refine job at its end).
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from chattts_runtime.model.sampling import SamplingParams
+
+
+def bucket_sizes(limit: int, smallest: int = 1, step: int | None = None) -> list[int]:
+    """Powers of two from ``smallest`` up to ``limit`` (then every ``step``, if given), ``limit`` last."""
+    out, size = [], smallest
+    while size < limit:
+        out.append(size)
+        size = size * 2 if step is None or size * 2 <= step else size + step
+    out.append(limit)
+    return out
+
+
+def pick_bucket(buckets: list[int], need: int) -> int:
+    for size in buckets:
+        if size >= need:
+            return size
+    raise ValueError(f"{need} exceeds the largest bucket {buckets[-1]}")
+
+
+def gather_open(waiting: int, oldest_arrival: float | None, *, streaming: bool, prefill_rows: int,
+                admit_interval: float, now: float) -> bool:
+    """Whether ``waiting`` audio requests (the oldest arrived at ``oldest_arrival``) may start now: at once
+    when no stream is ``streaming`` (an idle engine) or a whole prefill of ``prefill_rows`` is ready,
+    else once the oldest has been gathered for ``admit_interval`` seconds (each prefill is one more
+    launch on the GPU's critical path, so newcomers are prefilled together)."""
+    if not waiting:
+        return False
+    if not streaming or waiting >= prefill_rows:
+        return True
+    return now - oldest_arrival >= admit_interval
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One decode step: slots ``[0, batch)`` over KV columns ``[0, length)``."""
+
+    slots: np.ndarray  # the occupied slots, ascending (the rows read back)
+    batch: int
+    length: int
+    audio: np.ndarray  # the slots of audio streams
+    text: np.ndarray  # the slots of refine-text jobs
+    # The refine rows' slots padded with the scratch slot, when they changed since the last plan (the
+    # step's text-head index must be rewritten); None when it still holds.
+    text_index: np.ndarray | None = None
+
+    @property
+    def mixed(self) -> bool:
+        """Refine rows ride in this step (the mixed graph: text embedding and head for those rows)."""
+        return bool(len(self.text))
+
+
+class SlotTable:
+    """The slots and their kinds (index = slot; ``slots`` is the scratch slot, never handed out)."""
+
+    def __init__(self, slots: int):
+        total = slots + 1
+        self.slots, self.scratch = slots, slots
+        self.audio = np.zeros(total, bool)  # holds an audio stream
+        self.text = np.zeros(total, bool)  # holds a refine-text job
+        self.epoch = np.zeros(total, np.int64)  # bumped at every prefill into the slot, whichever kind
+        self.position = np.zeros(total, np.int64)  # position id of the slot's next input, as launched
+        self._free = list(range(slots))  # a heap
+        self._text_changed = True
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.audio.any() or self.text.any())
+
+    def claim(self) -> int:
+        """The lowest free slot: a step covers slots up to the highest one held, so low slots keep it small."""
+        if not self._free:
+            raise RuntimeError("no free slot")
+        return heapq.heappop(self._free)
+
+    def occupy(self, slots: np.ndarray, positions, *, text: bool) -> np.ndarray:
+        """Claimed ``slots`` now hold newcomers of one kind whose next inputs sit at ``positions``; returns
+        their new epochs (what a launch's rows for them are checked against)."""
+        self.epoch[slots] += 1
+        (self.text if text else self.audio)[slots] = True
+        self.position[slots] = positions
+        if text:
+            self._text_changed = True
+        return self.epoch[slots].copy()
+
+    def release(self, slot: int) -> None:
+        """The slot's occupant ended (or was aborted); it is free for the next prefill."""
+        if self.text[slot]:
+            self._text_changed = True
+        self.audio[slot] = self.text[slot] = False
+        heapq.heappush(self._free, slot)
+
+    def live(self, slots: np.ndarray, epochs: np.ndarray, *, text: bool) -> np.ndarray:
+        """Which of ``slots`` still hold the occupant of kind ``text`` that a launch at ``epochs`` stepped."""
+        return (self.text if text else self.audio)[slots] & (self.epoch[slots] == epochs)
+
+    def next_step(self, batch_buckets: list[int], length_buckets: list[int], max_len: int,
+                  text_rows: int) -> StepPlan:
+        """The decode step over every occupied slot at the smallest buckets that hold them (call when
+        ``busy``); ``text_rows``: the width of the step's text-head index."""
+        slots = np.flatnonzero(self.audio | self.text)
+        batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
+        need = min(int(self.position[slots].max()), max_len - 1) + 1
+        text = slots[self.text[slots]]
+        index = None
+        if len(text) and self._text_changed:
+            index = np.full(text_rows, self.scratch, np.int64)
+            index[:len(text)] = text
+            self._text_changed = False
+        return StepPlan(slots, batch, pick_bucket(length_buckets, need), slots[self.audio[slots]], text, index)
+
+    def stepped(self, slots: np.ndarray) -> None:
+        """A step over ``slots`` was launched: their next inputs are one position on."""
+        self.position[slots] += 1
+
+    def reset(self) -> None:
+        """Every slot free (a failed step: all in flight ended with the error)."""
+        self.audio[:] = False
+        self.text[:] = False
+        self._free = list(range(self.slots))
+        self._text_changed = True
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One step's frames for some slots: per slot, whether it ended (end code), reached its limit, or has a
+    chunk due; ``kept``: a frame was kept (every slot that did not end)."""
+
+    kept: np.ndarray
+    ended: np.ndarray
+    full: np.ndarray
+    due: np.ndarray
+
+
+class FrameBook:
+    """The audio streams' frames on the host, per slot: accepted, allowed, the next chunk's due count."""
+
+    def __init__(self, slots: int, max_len: int, num_vq: int):
+        total = slots + 1
+        self.count = np.zeros(total, np.int64)  # frames accepted
+        self.limit = np.zeros(total, np.int64)  # frames allowed (max_new_frames, max_model_len)
+        self.next_emit = np.zeros(total, np.int64)  # frame count at which the next chunk is due
+        self.want_hidden = np.zeros(total, bool)  # hidden states handed out (not decoded to audio here)
+        self.hidden_audio = np.zeros(total, bool)  # audio decoded here from hidden states (Decoder path)
+        self.frames = np.zeros((total, max_len, num_vq), np.int64)
+
+    def start(self, slot: int, *, limit: int, next_emit: int, want_hidden: bool, hidden_audio: bool) -> None:
+        self.count[slot] = 0
+        self.limit[slot] = limit
+        self.next_emit[slot] = next_emit
+        self.want_hidden[slot] = want_hidden
+        self.hidden_audio[slot] = hidden_audio
+
+    def accept(self, slots: np.ndarray, frames: np.ndarray, eos: int) -> Accepted:
+        """``frames [len(slots), num_vq]``: a frame with the end code in any codebook ends its stream and is
+        not kept; every other one is kept, and may fill the stream's limit or make a chunk due."""
+        ended = (frames == eos).any(axis=1)
+        kept = ~ended
+        count = self.count[slots]
+        self.frames[slots[kept], count[kept]] = frames[kept]
+        count = count + kept
+        self.count[slots] = count
+        full = kept & (count >= self.limit[slots])
+        due = kept & ~full & (count >= self.next_emit[slots])
+        return Accepted(kept, ended, full, due)
+
+
+@dataclass
+class TextJob:
+    """One refine-text prompt on its way through a slot (a refine row of the steps)."""
+
+    job_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    scheduled_after: float | None = None  # seconds from arrival to its prefill
+    limit: int = 0  # tokens allowed (max_new_frames, max_model_len)
+
+
+class RefineBook:
+    """The refine-text jobs: waiting for a slot, and running (by slot)."""
+
+    def __init__(self):
+        self.waiting: collections.deque[TextJob] = collections.deque()
+        self.running: dict[int, TextJob] = {}
+
+    def start(self, job: TextJob, slot: int, *, max_len: int, now: float) -> None:
+        job.slot = slot
+        job.scheduled_after = max(0.0, now - job.arrival)
+        # As engines.refine: at most max_new_frames tokens, and no position past max_len.
+        job.limit = min(job.params.max_new_frames, max_len - len(job.prompt_ids))
+        self.running[slot] = job
+
+    def accept(self, slots: np.ndarray, tokens: np.ndarray, end: int) -> list[TextJob]:
+        """One token for each running job at ``slots``; returns the jobs that ended (their end token, or their
+        limit reached), in slot order. The caller frees their slots (:meth:`finish`)."""
+        ended = []
+        for slot, token in zip(slots.tolist(), tokens.tolist()):
+            job = self.running[slot]
+            if token == end:
+                ended.append(job)
+                continue
+            job.tokens.append(token)
+            if len(job.tokens) >= job.limit:
+                ended.append(job)
+        return ended
+
+    def finish(self, job: TextJob) -> None:
+        del self.running[job.slot]
+
+    def reset(self) -> None:
+        self.running = {}

@@ -1,0 +1,177 @@
+"""The graph engine's slot bookkeeping (chattts_runtime.engines.slots): pure, no torch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from chattts_runtime.engines.schedule import Admission, Stage, Waiting, plan_admission
+from chattts_runtime.engines.slots import (
+    FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
+
+BATCH = bucket_sizes(8)  # [1, 2, 4, 8]
+LENGTH = bucket_sizes(64, smallest=16)  # [16, 32, 64]
+EOS = 9
+
+
+@dataclass
+class Params:  # what RefineBook reads of SamplingParams
+    max_new_frames: int = 100
+
+
+def step(table: SlotTable, text_rows: int = 4):
+    return table.next_step(BATCH, LENGTH, 64, text_rows)
+
+
+def test_the_scheduling_modules_import_without_torch():
+    code = ("import sys; import chattts_runtime.engines.slots, chattts_runtime.engines.schedule; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_slots_go_lowest_first_so_a_step_covers_the_smallest_bucket():
+    table = SlotTable(8)
+    slots = np.array([table.claim() for _ in range(3)])
+    assert slots.tolist() == [0, 1, 2]
+    table.occupy(slots, [5, 20, 7], text=False)
+    plan = step(table)
+    assert (plan.batch, plan.length, plan.mixed) == (4, 32, False)  # slots [0, 3) -> 4 rows; 20 + 1 -> 32
+    assert plan.slots.tolist() == [0, 1, 2] and plan.audio.tolist() == [0, 1, 2] and not len(plan.text)
+    # Slot 0 ends: the next newcomer takes it back (not slot 3), and the bucket stays at 4 rows.
+    table.release(0)
+    assert table.claim() == 0
+
+
+def test_a_burst_of_long_inputs_fills_the_engine_and_steps_at_the_full_bucket():
+    table = SlotTable(8)
+    slots = np.array([table.claim() for _ in range(8)])
+    table.occupy(slots, [60] * 8, text=False)
+    assert table.free == 0
+    with pytest.raises(RuntimeError):
+        table.claim()
+    plan = step(table)
+    assert (plan.batch, plan.length) == (8, 64)
+    # Positions are clamped to the cache: a stream past max_len still fits the last bucket.
+    for _ in range(10):
+        table.stepped(plan.slots)
+    assert step(table).length == 64
+
+
+def test_refine_rows_ride_in_a_mixed_step_and_their_index_is_rewritten_only_when_they_change():
+    table = SlotTable(8)
+    audio = np.array([table.claim(), table.claim()])
+    table.occupy(audio, [10, 10], text=False)
+    text = np.array([table.claim()])
+    table.occupy(text, [3], text=True)
+    plan = step(table, text_rows=4)
+    assert plan.mixed and plan.text.tolist() == [2] and plan.audio.tolist() == [0, 1]
+    assert plan.text_index.tolist() == [2, 8, 8, 8]  # padded with the scratch slot
+    assert step(table).text_index is None  # unchanged: the device index still holds
+    table.release(0)  # an audio stream ending leaves the text index alone
+    assert step(table).text_index is None
+    table.release(2)  # the refine job ends
+    plan = step(table)
+    assert not plan.mixed and plan.text_index is None and plan.audio.tolist() == [1]
+
+
+def test_an_aborted_slot_reused_before_its_launch_is_read_makes_that_launch_stale():
+    table = SlotTable(4)
+    slot = np.array([table.claim()])
+    launched = table.occupy(slot, [4], text=False)
+    assert table.live(slot, launched, text=False).all()
+    table.release(int(slot[0]))  # aborted while its step was in flight
+    assert not table.live(slot, launched, text=False).any()
+    # A first-piece voice pass takes the slot at once: the old launch's row is still not its.
+    again = np.array([table.claim()])
+    assert again.tolist() == slot.tolist()
+    now = table.occupy(again, [6], text=False)
+    assert not table.live(again, launched, text=False).any() and table.live(again, now, text=False).all()
+    # ... nor is it a refine row's.
+    assert not table.live(again, now, text=True).any()
+
+
+def test_reset_frees_every_slot():
+    table = SlotTable(3)
+    slots = np.array([table.claim() for _ in range(3)])
+    table.occupy(slots[:2], [1, 1], text=False)
+    table.occupy(slots[2:], [1], text=True)
+    table.reset()
+    assert table.free == 3 and not table.busy
+    assert sorted(table.claim() for _ in range(3)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("waiting, oldest, streaming, expected", [
+    (0, None, False, False),  # nothing waits
+    (1, 9.99, False, True),  # an idle engine starts at once
+    (1, 9.99, True, False),  # gathered while others stream...
+    (1, 9.95, True, True),  # ... until the oldest waited admit_interval
+    (4, 9.999, True, True),  # a whole prefill is ready
+])
+def test_gather_open(waiting, oldest, streaming, expected):
+    assert gather_open(waiting, oldest, streaming=streaming, prefill_rows=4, admit_interval=0.05,
+                       now=10.0) is expected
+
+
+def test_frames_end_at_the_end_code_or_the_limit_and_chunks_fall_due():
+    book = FrameBook(4, max_len=16, num_vq=2)
+    book.start(0, limit=3, next_emit=2, want_hidden=False, hidden_audio=False)
+    book.start(1, limit=10, next_emit=1, want_hidden=False, hidden_audio=False)
+    slots = np.array([0, 1])
+    first = book.accept(slots, np.array([[1, 2], [3, 4]]), EOS)
+    assert first.kept.tolist() == [True, True] and first.due.tolist() == [False, True]
+    assert not first.ended.any() and not first.full.any()
+    second = book.accept(slots, np.array([[5, 6], [7, EOS]]), EOS)  # slot 1 draws the end code in one head
+    assert second.ended.tolist() == [False, True] and second.due.tolist() == [True, False]
+    assert book.count[:2].tolist() == [2, 1]  # the end frame is not kept
+    third = book.accept(np.array([0]), np.array([[8, 8]]), EOS)
+    assert third.full.tolist() == [True] and not third.due.any()  # full wins over due
+    assert book.frames[0, :3].tolist() == [[1, 2], [5, 6], [8, 8]]
+
+
+def test_refine_jobs_end_at_their_end_token_or_their_limit():
+    book = RefineBook()
+    a = TextJob("a", (1, 2, 3), Params(max_new_frames=2), seed=0, arrival=9.0)
+    b = TextJob("b", (1,) * 60, Params(max_new_frames=100), seed=0, arrival=9.5)  # max_len bounds it
+    c = TextJob("c", (1,), Params(), seed=0, arrival=9.9)
+    for job, slot in ((a, 0), (b, 1), (c, 2)):
+        book.start(job, slot, max_len=64, now=10.0)
+    assert (a.limit, b.limit, c.scheduled_after) == (2, 4, pytest.approx(0.1))
+    slots = np.array([0, 1, 2])
+    assert book.accept(slots, np.array([5, 6, EOS]), EOS) == [c]
+    book.finish(c)
+    assert book.accept(np.array([0, 1]), np.array([7, 8]), EOS) == [a]
+    assert a.tokens == [5, 7] and b.tokens == [6, 8] and c.tokens == []
+    book.finish(a)
+    assert list(book.running) == [1]
+
+
+def test_buckets():
+    assert bucket_sizes(256, step=32) == [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]
+    assert pick_bucket([1, 2, 4], 3) == 4
+    with pytest.raises(ValueError):
+        pick_bucket([1, 2, 4], 5)
+
+
+def test_a_full_engine_admits_nothing_until_an_abort_frees_a_slot_then_first_audio_takes_it():
+    # As the graph engine's worker does: the free slots are the admission policy's budget.
+    table = SlotTable(4)
+    running = np.array([table.claim() for _ in range(4)])
+    launched = table.occupy(running, [30] * 4, text=False)
+    waiting = [Waiting(9.8, Stage.NEXT), Waiting(9.9, Stage.FIRST), Waiting(9.95, Stage.VOICE)]
+
+    def admit():
+        return plan_admission(waiting, [9.85], free_slots=table.free, text_room=2, now=10.0, next_piece_grace=1.0)
+
+    assert admit() == Admission()
+    table.release(2)  # a client went away
+    assert not table.live(running, launched, text=False)[2]  # its in-flight row is dropped when read
+    assert admit() == Admission(text=(0,))  # the oldest first-audio work: the refine job (9.85)
+    table.release(0)
+    assert admit() == Admission(audio=(1,), text=(0,))  # then the first piece ...
+    table.release(1)
+    # ... and the voice pass, both ahead of the playing stream's next piece (inside its grace).
+    assert admit() == Admission(audio=(1, 2), text=(0,))
+    assert [table.claim() for _ in range(3)] == [0, 1, 2] and table.free == 0  # the freed slots, lowest first
