@@ -20,23 +20,31 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
                           decode_attention=config.engine.decode_attention)
         if separate_engine_process(config, model.device.type):
-            from chattts_runtime.engines.process import EngineSpec, ProcessEngine  # noqa: PLC0415
+            from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415
 
-            spec = EngineSpec(kind.value, str(config.model.path), model.device.type,
+            spec = ChildEngine(kind.value, str(config.model.path), model.device.type,
                               str(model.gpt.dtype).removeprefix("torch."), kwargs)
             return ProcessEngine(spec, max_waiting=config.server.max_queue,
                                  max_model_len=config.engine.max_model_len, observer=observer,
                                  on_failure=on_failure)
-        if kind == EngineKind.GRAPH:
-            from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
-
-            return GraphEngine(model, observer=observer, **kwargs)
-        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
-
-        return ReferenceEngine(model, observer=observer, **kwargs)
+        return in_process_engine(kind.value, model, observer, kwargs)
     from chattts_runtime.engines.vllm_engine import VLLMEngine  # noqa: PLC0415
 
     return VLLMEngine.from_config(config, model, observer)
+
+
+def in_process_engine(kind: str, model, observer, kwargs: dict):
+    """The graph or reference engine on ``model``, in this process: the one table by kind, used here and
+    by the engine's own process (``process.py``)."""
+    if kind == EngineKind.GRAPH.value:
+        from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+
+        return GraphEngine(model, observer=observer, **kwargs)
+    if kind == EngineKind.REFERENCE.value:
+        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
+
+        return ReferenceEngine(model, observer=observer, **kwargs)
+    raise ValueError(f"no engine kind {kind!r} runs in this process (the vllm engine has its own core)")
 
 
 def separate_engine_process(config: RuntimeConfig, device: str) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from chattts_runtime.model.gpt import unit_speaker
 from chattts_runtime.model.sampling import draw, greedy_tokens, repetition_counts, token_probs
 
 # Repetition-penalty history kept per slot (frames); requests asking for a longer window are refused.
@@ -282,7 +283,7 @@ def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speake
     ids = meta[:, PF_META:PF_META + length]
     h = gpt.embed.emb_text(ids).to(gpt.dtype)
     if speaker_token is not None and text_end is None:
-        speaker = F.normalize(floats[:, PF_FLOAT_META:], p=2.0, dim=-1, eps=1e-12).to(h.dtype)
+        speaker = unit_speaker(floats[:, PF_FLOAT_META:]).to(h.dtype)
         where = (ids == speaker_token) & (meta[:, _PF_SPEAKER] > 0)[:, None]
         h = torch.where(where[..., None], speaker[:, None, :], h)
     if text_end is None:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineSpec:
+class ChildEngine:
     """What the child needs to build the engine: the checkpoint and the engine's arguments."""
 
     kind: str  # "graph" | "reference"
@@ -71,21 +71,15 @@ class _Readings:
         return out
 
 
-def _build_engine(spec: EngineSpec, observer):
+def _build_engine(spec: ChildEngine, observer):
     import torch  # noqa: PLC0415
 
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
 
     model = load_chattts(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype))
-    if spec.kind == "graph":
-        from chattts_runtime.engines.graph import GraphEngine  # noqa: PLC0415
+    from chattts_runtime.engines.factory import in_process_engine  # noqa: PLC0415
 
-        return GraphEngine(model, observer=observer, **spec.kwargs)
-    if spec.kind == "reference":
-        from chattts_runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
-
-        return ReferenceEngine(model, observer=observer, **spec.kwargs)
-    raise ValueError(f"no engine kind {spec.kind!r} runs in a process")
+    return in_process_engine(spec.kind, model, observer, spec.kwargs)
 
 
 # Linux's F_SETPIPE_SZ: a pipe that holds a whole step's chunks (audio of a dozen windows, about
@@ -134,7 +128,7 @@ class _Sender:
                 return
 
 
-def engine_process_main(spec: EngineSpec, requests, events) -> None:
+def engine_process_main(spec: ChildEngine, requests, events) -> None:
     """The child: build the engine, then serve messages from ``requests`` until "stop" or EOF."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [engine] %(message)s")
     sender = _Sender(events)
@@ -196,7 +190,7 @@ def engine_process_main(spec: EngineSpec, requests, events) -> None:
 class ProcessEngine(Engine):
     """The API side of an engine running in a child process (see the module docstring)."""
 
-    def __init__(self, spec: EngineSpec, *, max_waiting: int, max_model_len: int,
+    def __init__(self, spec: ChildEngine, *, max_waiting: int, max_model_len: int,
                  observer: SchedulerObserver | None = None, on_failure: Callable[[str], None] | None = None,
                  start_timeout: float = 900.0):
         self.spec = spec
