@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.runtime import launch, loadgen
-from bench.runtime.__main__ import (
+from bench.runtime.speech_api import (
     BENCH_TEXTS, RESULTS, SAMPLE_RATE, bench_checkpoint, environment, run_level, wait_ready)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import os
 import statistics
 import time
 
-from bench.runtime.__main__ import BENCH_TEXTS, RESULTS, bench_checkpoint
+from bench.runtime.speech_api import BENCH_TEXTS, RESULTS, bench_checkpoint
 
 
 def main() -> None:

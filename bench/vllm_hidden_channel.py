@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runtime.__main__ import RESULTS, bench_checkpoint, environment
+from bench.runtime.speech_api import RESULTS, bench_checkpoint, environment
 
 MODES = ("codes", "hidden", "refine")
 

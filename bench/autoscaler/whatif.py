@@ -19,7 +19,7 @@ import contextlib
 import numpy as np
 
 from bench.autoscaler import traces as trace_lib
-from bench.autoscaler.__main__ import CALIBRATIONS, initial_replicas, operator_spec
+from bench.autoscaler.simulate import CALIBRATIONS, initial_replicas, operator_spec
 from bench.autoscaler.fleet import flaps, minute_quantiles, simulate
 from bench.autoscaler.policies import Operator
 from chattts_operator.autoscaling import decision

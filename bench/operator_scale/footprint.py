@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.operator_scale import workload
-from bench.operator_scale.__main__ import NODES_FILE, machine
+from bench.operator_scale.scale import NODES_FILE, machine
 from bench.operator_scale.kubeapi import Api, bounded_gather, ssl_context_for
 from bench.operator_scale.run import REPO, Bench, install_crds, loadavg, log, versions
 

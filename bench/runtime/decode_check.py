@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 
-from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.speech_api import RESULTS, make_checkpoint
 
 
 def main() -> int:

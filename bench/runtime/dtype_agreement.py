@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.speech_api import RESULTS, make_checkpoint
 
 # A fixed, mixed set (>= 16): short and long, English and Chinese, numbers and punctuation.
 PROMPTS = [

@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 
-from bench.runtime.__main__ import RESULTS, make_checkpoint, percentile
+from bench.runtime.speech_api import RESULTS, make_checkpoint, percentile
 
 FRAME_S = 512 / 24_000
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.speech_api import RESULTS, make_checkpoint
 from bench.runtime.gpu_timing import event_median_ms
 
 

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runtime.__main__ import REPO, RESULTS, make_checkpoint
+from bench.runtime.speech_api import REPO, RESULTS, make_checkpoint
 
 MIB = 1 << 20
 TEXT = "memory probe sentence {i}: the quick brown fox jumps over the lazy dog."

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from bench.runtime.__main__ import (RESULTS, bench_checkpoint, environment, percentile, start_server,
+from bench.runtime.speech_api import (RESULTS, bench_checkpoint, environment, percentile, start_server,
                                     wait_ready)
 
 FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")

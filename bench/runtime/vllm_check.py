@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.runtime.__main__ import RESULTS, make_checkpoint
+from bench.runtime.speech_api import RESULTS, make_checkpoint
 from bench.runtime.dtype_agreement import PROMPTS, both_modes, compare, generate, summarize
 
 REFINE_TOKENS = 24  # refine-text tokens per prompt (greedy; the random checkpoint never ends by itself)
