@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from chattts_runtime.engines.base import SynthesisRequest
-from tests.support import free_port
+from tests.support import RunningServer, free_port, launch_server, wait_ready  # noqa: F401  (the tier imports them from here)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,64 +18,6 @@ def merge(base: dict, extra: dict) -> dict:
     for k, v in extra.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-class RunningServer:
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
-        self.proc, self.url, self.log_path = proc, url, log_path
-
-    def client(self, **kw) -> "httpx.Client":
-        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60.0), **kw)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metrics(self) -> dict[str, list]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {timeout}s:\n{log_path.read_text()}")
-
-
-def launch_server(config: dict, workdir: Path, env_extra: dict[str, str] | None = None) -> RunningServer:
-    """``chattts-runtime serve`` with ``config`` (its port set) as a subprocess, once ready; stop it by pid.
-    ``env_extra``: more environment for it (``PYTHONPATH`` for packages installed apart)."""
-    import os  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    import yaml  # noqa: PLC0415
-
-    port = config["server"]["port"]
-    cfg_path = workdir / f"runtime-{port}.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
-    log_path = workdir / f"server-{port}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
-    env.update(env_extra or {})
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg_path)],
-                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log_path)
-    except BaseException:
-        proc.kill()
-        proc.wait(timeout=30)
-        raise
-    return RunningServer(proc, url, log_path)
 
 
 def tiny_server_config(checkpoint: Path, **overrides) -> dict:

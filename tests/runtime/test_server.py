@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from rt_helpers import REPO, RunningServer, speech, wait_ready
+from rt_helpers import launch_server, speech
 
 from tests.support import free_port
 
@@ -35,31 +35,17 @@ def sample(metrics: dict, name: str, labels: dict | None = None) -> float:
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory, endless_checkpoint):
     """One shared server: endless checkpoint, 48 frames per request, greedy."""
-    import os
-    import subprocess
-    import sys
-
-    import yaml
-
-    port = free_port()
     tmp = tmp_path_factory.mktemp("server")
-    cfg = tmp / "runtime.yaml"
-    cfg.write_text(yaml.safe_dump({
+    running = launch_server({
         "model": {"path": str(endless_checkpoint)}, "engine_kind": "reference", "device": "cpu",
-        "server": {"host": "127.0.0.1", "port": port, "max_queue": 64},
+        "server": {"host": "127.0.0.1", "port": free_port(), "max_queue": 64},
         "engine": {"max_num_seqs": 16},
-        "generation": {"temperature": 0, "max_new_frames": 48, "stream_chunk_frames": 12, "refine_text": False}}))
-    log = tmp / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
+        "generation": {"temperature": 0, "max_new_frames": 48, "stream_chunk_frames": 12, "refine_text": False}}, tmp)
     try:
-        wait_ready(url, proc, log)
-        yield RunningServer(proc, url, log)
+        yield running
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        running.proc.send_signal(signal.SIGKILL)
+        running.proc.wait(timeout=30)
 
 
 def test_health_ready_models(server):

@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from rt_helpers import speech
+from rt_helpers import launch_server, speech
 
 REFINED = "X-ChatTTS-Refined-Text"
 
@@ -16,33 +16,22 @@ REFINED = "X-ChatTTS-Refined-Text"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A reference-engine server with the config's defaults for refine-text and the audio path."""
-    import os
     import signal
-    import subprocess
-    import sys
-
-    import yaml
 
     from chattts_runtime.testing import make_tiny_checkpoint
-    from rt_helpers import REPO, RunningServer, free_port, wait_ready
+    from rt_helpers import free_port
 
     tmp = tmp_path_factory.mktemp("controls")
     checkpoint = make_tiny_checkpoint(tmp / "ckpt")
-    port = free_port()
-    cfg = tmp / "runtime.yaml"
-    cfg.write_text(yaml.safe_dump({
+    running = launch_server({
         "model": {"path": str(checkpoint)}, "engine_kind": "reference", "device": "cpu",
-        "server": {"host": "127.0.0.1", "port": port}, "generation": {"temperature": 0, "max_new_frames": 24}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-    log = tmp / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        "server": {"host": "127.0.0.1", "port": free_port()}, "generation": {"temperature": 0, "max_new_frames": 24}},
+        tmp)
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, log)
-        yield RunningServer(proc, f"http://127.0.0.1:{port}", log)
+        yield running
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        running.proc.send_signal(signal.SIGKILL)
+        running.proc.wait(timeout=30)
 
 
 def test_refine_text_runs_by_default_and_its_text_is_visible(server):

@@ -10,19 +10,15 @@ import base64
 import concurrent.futures
 import io
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 import wave
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tests.support import free_port
+from tests.support import RunningServer, free_port, launch_server
 
 REPO = Path(__file__).resolve().parents[2]
 FRAMES = 48
@@ -30,52 +26,28 @@ PCM_BYTES = (2 * FRAMES - 1) * 256 * 2  # 2 mel frames per code frame, hop 256, 
 MAX_NUM_SEQS = 4
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
+class Server(RunningServer):
+    def client(self, **kw):
+        return super().client(timeout=kw.pop("timeout", 300.0), **kw)
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=300.0)
-
-    def metrics(self) -> dict[str, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                key = s.name + "".join(f"[{k}={v}]" for k, v in sorted(s.labels.items()))
-                out[key] = s.value
-        return out
+    def metric_values(self) -> dict[str, float]:
+        """Every sample as ``name[label=value...]`` -> value."""
+        return {s.name + "".join(f"[{k}={v}]" for k, v in sorted(s.labels.items())): s.value
+                for samples in self.metrics().values() for s in samples}
 
 
 def _start(tmp: Path, checkpoint: Path, engine_kind: str, timeout: float) -> Server:
-    port = free_port()
-    cfg = tmp / f"{engine_kind}.yaml"
-    cfg.write_text(yaml.safe_dump({
+    config = {
         "model": {"path": str(checkpoint)}, "engine_kind": engine_kind, "device": "cpu",
-        "server": {"host": "127.0.0.1", "port": port, "max_queue": 64},
+        "server": {"host": "127.0.0.1", "port": free_port(), "max_queue": 64},
         "engine": {"max_num_seqs": MAX_NUM_SEQS, "dtype": "float32", "enforce_eager": True, "max_model_len": 1024},
         # One stated pipeline on both engines: the vllm engine's (codes -> DVAE, no refine-text).
         "generation": {"temperature": 0, "max_new_frames": FRAMES, "stream_chunk_frames": 12,
-                       "audio_decoder": "dvae", "refine_text": False}}))
-    log = tmp / f"{engine_kind}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATTTS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "chattts_runtime", "serve", "--config", str(cfg)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{engine_kind} server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return Server(proc, url, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{engine_kind} server not ready after {timeout}s:\n{log.read_text()[-4000:]}")
+                       "audio_decoder": "dvae", "refine_text": False}}
+    workdir = tmp / engine_kind
+    workdir.mkdir(exist_ok=True)
+    server = launch_server(config, workdir, timeout=timeout)
+    return Server(server.proc, server.url, server.log_path)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +112,7 @@ def test_audio_streams_in_chunks(servers):
 def test_scheduler_deadline_wait_moves_under_load(servers):
     server = servers["vllm"]
     name = "vllm:scheduler_deadline_wait_seconds"
-    before = server.metrics()
+    before = server.metric_values()
     burst = 6 * MAX_NUM_SEQS
 
     def one(i: int) -> int:
@@ -148,7 +120,7 @@ def test_scheduler_deadline_wait_moves_under_load(servers):
 
     with concurrent.futures.ThreadPoolExecutor(burst) as pool:
         assert list(pool.map(one, range(burst))) == [200] * burst
-    after = server.metrics()
+    after = server.metric_values()
 
     observed = after[f"{name}_count"] - before[f"{name}_count"]
     assert observed == burst
