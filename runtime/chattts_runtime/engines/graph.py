@@ -63,7 +63,7 @@ from chattts_runtime.engines.base import (
 from chattts_runtime.engines.graph_steps import (
     MAX_REPETITION_WINDOW, PF_META, SlotState, decode_step, decode_windows, pack_prefill,
     prefill_step)
-from chattts_runtime.engines.plumbing import RequestPlumbing
+from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
     FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
@@ -279,9 +279,7 @@ class GraphEngine(Engine):
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose chunks go to ``requests.emit`` (``submit`` adds the stream around it)."""
-        if request.prompt_length + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
-                              f"{self.max_model_len}")
+        check_prompt_fits(request, self.max_model_len)
         self.requests.add(_Slotted(request, generator=new_generator(request.params)))
 
     def abort(self, request_id: str) -> None:

@@ -24,6 +24,12 @@ from chattts_runtime.engines.base import EngineError, EngineStopped, FrameChunk,
 Events = list[tuple[str, FrameChunk]]
 
 
+def check_prompt_fits(request, max_model_len: int) -> None:
+    """A prompt longer than the context (plus the first generated position) is refused at enqueue."""
+    if request.prompt_length + 1 > max_model_len:
+        raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len {max_model_len}")
+
+
 class RequestPlumbing:
     """Queue, streams and worker thread of one engine (see the module docstring).
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from chattts_runtime.engines.base import (
-    Engine, EngineError, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest)
+    Engine, FrameChunk, NullObserver, SchedulerObserver, SynthesisRequest)
 from chattts_runtime.engines.kvcache import BatchKVCache
-from chattts_runtime.engines.plumbing import RequestPlumbing
+from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Waiting, plan_admission, take
 from chattts_runtime.model.sampling import new_generator, sample_tokens
 
@@ -109,9 +109,7 @@ class ReferenceEngine(Engine):
 
     def enqueue(self, request: SynthesisRequest) -> None:
         """Queue a request whose frames go to ``requests.emit`` (``submit`` adds the stream around it)."""
-        if request.prompt_length + 1 > self.max_model_len:
-            raise EngineError(f"prompt of {request.prompt_length} tokens does not fit max_model_len "
-                              f"{self.max_model_len}")
+        check_prompt_fits(request, self.max_model_len)
         self.requests.add(_Sequence(request, generator=new_generator(request.params)))
 
     def abort(self, request_id: str) -> None:
