@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.autoscaler import __main__ as bench
+from bench.autoscaler import simulate as bench
 from bench.autoscaler import traces
 from bench.autoscaler.fleet import FleetModel, simulate
 from bench.autoscaler.bar import bar_section, verdict, verdicts
