@@ -25,14 +25,22 @@ MAX_DEPTH = 40
 TOP = 30
 
 
+REPO = str(Path(__file__).resolve().parents[2]) + "/"
+INSTALLED = ("site-packages/", "vllm-site/")  # installed packages: named from the package on
+
+
 def _frame_name(frame) -> str:
+    """``path:function``, the path relative to the checkout or to the installed packages' folder."""
     code = frame.f_code
     path = code.co_filename
-    for marker in ("site-packages/", "vllm-site/", "/runtime/", "/bench/"):
-        at = path.find(marker)
-        if at >= 0:
-            path = path[at + len(marker):] if marker.endswith("/") and marker != "/runtime/" else path[at + 1:]
-            break
+    if path.startswith(REPO):
+        path = path[len(REPO):]
+    else:
+        for marker in INSTALLED:
+            at = path.find(marker)
+            if at >= 0:
+                path = path[at + len(marker):]
+                break
     return f"{path}:{code.co_name}"
 
 

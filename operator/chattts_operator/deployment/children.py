@@ -50,6 +50,11 @@ API_KEYS_MOUNT_PATH = "/etc/chattts-api-keys"
 API_KEYS_FILE_MODE = 0o444  # the runtime runs as RUNTIME_USER, not the files' owner
 DRA_POD_CLAIM = "gpu"  # the pod's name for its claim (pod.spec.resourceClaims, container resources.claims)
 
+def event_subject(body: dict[str, Any]) -> dict[str, Any]:
+    """The ChatTTSDeployment as an Event's involved object (for ``Kube.post_event``)."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
+
+
 def deployment_name(name: str) -> str:
     return name
 

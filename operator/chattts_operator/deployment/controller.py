@@ -59,6 +59,7 @@ from chattts_operator.core.watch import ChildCache
 from chattts_operator.deployment.children import (
     HTTP_PORT,
     Owner,
+    event_subject,
     mounted_configmap,
     network_policy_name,
     replicaset_revision,
@@ -799,8 +800,7 @@ class DeploymentController:
 
     async def _post_event(self, body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
         """A core/v1 Event on the ChatTTSDeployment; failures are logged, never fatal."""
-        involved = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
-        await self.kube.post_event(involved, event_type, reason, message)
+        await self.kube.post_event(event_subject(body), event_type, reason, message)
 
 
 def _unprotected_children(wanted: list[dict[str, Any]], *, held: bool) -> list[dict[str, Any]]:

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from chattts_operator.api.chattts import API_VERSION, KIND, ChatTTSDeploymentSpec
+from chattts_operator.api.chattts import ChatTTSDeploymentSpec
 from chattts_operator.core import metrics
 from chattts_operator.core.kube import Kube
 from chattts_operator.core.settings import OperatorSettings
-from chattts_operator.deployment.children import Owner, build_resource_claim_template
+from chattts_operator.deployment.children import Owner, build_resource_claim_template, event_subject
 from chattts_operator.deployment.gpu import DraRequest, GpuAssignmentError, assign_gpu, node_affinity
 from chattts_operator.deployment.spec import needs_apply
 from chattts_operator.quantization.plan import COMPONENT, JobPlacement, QuantizationPlan, job_selector, labels_for, plan_quantization
 
-
-def involved_object(body: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"]}
 
 
 class QuantizationReconciler:
@@ -68,7 +65,7 @@ class QuantizationReconciler:
         for name in plan.stale_jobs:
             await self.kube.delete("Job", meta["namespace"], name)
         for event_type, reason, message in plan.events:
-            await self.kube.post_event(involved_object(body), event_type, reason, message)
+            await self.kube.post_event(event_subject(body), event_type, reason, message)
         return plan
 
     async def _apply_claim_template(self, meta: dict[str, Any], dra: DraRequest) -> str:
