@@ -125,6 +125,8 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
     if voice_from_first_piece is not None:
         text["voice_from_first_piece"] = voice_from_first_piece
     engine_settings = {"max_num_seqs": max_seqs, "max_model_len": max_model_len}
+    if engine == "graph":  # its loop account every 2 s: each level's rows and GPU wait (engine_loop)
+        engine_settings["loop_report_seconds"] = 2.0
     if engine == "vllm":  # its own knobs (``vllm``: enforce_eager, enable_prefix_caching, kv_cache_dtype, ...)
         engine_settings.update({"dtype": "bfloat16" if device == "cuda" else "float32", **(vllm or {})})
     return {
@@ -159,6 +161,43 @@ async def scrape(url: str) -> dict[str, float]:
                           "chattts_event_loop_lag_seconds_sum", "chattts_event_loop_lag_seconds_count"):
                 out[s.name] = s.value
     return out
+
+
+LOOP_MARK = "engine loop: "  # the graph engine's periodic account (engines.slots.LoopStats), one JSON per line
+
+
+def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
+    """The graph engine's loop reports logged since byte ``offset`` of the server's ``log``, merged (each
+    figure weighted by its report's wall time), and the log's new end; None when none were logged."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read()
+    except OSError:
+        return None, offset
+    reports = []
+    for line in text.decode("utf-8", "replace").splitlines():
+        if LOOP_MARK in line:
+            try:
+                reports.append(json.loads(line.split(LOOP_MARK, 1)[1]))
+            except ValueError:
+                continue
+    if not reports:
+        return None, offset + len(text)
+    wall = sum(r["wall_s"] for r in reports)
+
+    def mean(get):
+        return round(sum(get(r) * r["wall_s"] for r in reports) / wall, 3)
+
+    merged = {"reports": len(reports), "wall_s": round(wall, 1)}
+    for key, value in reports[0].items():
+        if key == "wall_s":
+            continue
+        if isinstance(value, dict):
+            merged[key] = {name: mean(lambda r, k=key, n=name: r[k][n]) for name in value}
+        else:
+            merged[key] = mean(lambda r, k=key: r[k])
+    return merged, offset + len(text)
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -318,11 +357,13 @@ async def main_async(args) -> dict:
         startup = time.perf_counter() - t0
         sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
                                      client_lib=client_lib)
+        sequential["engine_loop"], log_offset = engine_loop(log, 0)
         results = []
         for c in levels:
             stagger = args.stagger if c > 1 else 0.0
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
                                   client_lib=client_lib, stagger_s=stagger)
+            row["engine_loop"], log_offset = engine_loop(log, log_offset)
             results.append(row)
             classes = ", ".join(f"{name} p99 {c['ttfa_p99_s']:.3f}" for name, c in row["ttfa_by_class"].items())
             parts = ", ".join(f"{name} p50 {p['p50_s']:.3f}" for name, p in row["first_audio_parts"].items())
@@ -330,7 +371,8 @@ async def main_async(args) -> dict:
                   f"ttfa p50 {row['ttfa_p50_s']:.3f} p99 {row['ttfa_p99_s']:.3f} ({classes}; {parts}), "
                   f"rtf p50 {row['rtf_p50']:.3f}, steps/s {row['engine_steps_per_s'] or 0:.0f}, "
                   f"loop lag {1e3 * (row['loop_lag_mean_s'] or 0):.1f} ms, "
-                  f"batch {row['mean_batch_size']}, {row['client_procs']} client procs "
+                  f"batch {row['mean_batch_size']}, loop {json.dumps(row['engine_loop'])}, "
+                  f"{row['client_procs']} client procs "
                   f"(busiest {row['loadgen_cpu_max_proc']:.2f} core), server {row['server_cpu_cores'] or float('nan'):.2f} cores",
                   flush=True)
     finally:

@@ -101,6 +101,11 @@ class EngineSettings(_Strict):
         "is already playing may wait for a slot behind other responses' first-audio work (refine-text, a "
         "first-piece voice pass, a first piece); its listener has the current piece's audio buffered "
         "ahead. Past it, the piece is admitted by its arrival like first-audio work.")
+    loop_report_seconds: float | None = Field(
+        10.0, gt=0.0, le=3600.0, description="Graph engine: every this many seconds of work, one log line "
+        "'engine loop: {...}' of where its decode steps' rows went (first pieces, voice passes, later "
+        "pieces, refine-text, idle rows of the batch bucket), its prefills and audio windows, and the "
+        "share of the worker's time spent waiting on the GPU; null: never.")
     process: Literal["auto", "same", "separate"] = Field(
         "auto", description="Run the graph/reference engine in a process of its own (separate) or in the "
         "speech API's (same); auto: separate for the graph engine on CUDA, where one process is "

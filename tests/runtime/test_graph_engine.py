@@ -6,6 +6,8 @@ in-step sampling code that is captured into CUDA graphs on a GPU.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 
 import numpy as np
 import pytest
@@ -205,3 +207,27 @@ def test_newcomers_are_gathered_for_admit_interval_while_others_decode(tiny_mode
     waits, frames = asyncio.run(scenario())
     assert waits[0] < 0.3 <= waits[1]
     assert frames[-1].finished
+
+
+def test_the_loop_reports_its_steps_rows_by_stage_and_gpu_wait(tiny_model, caplog):
+    params = SamplingParams(temperature=0, max_new_frames=12)
+
+    async def go():
+        engine = GraphEngine(tiny_model, max_num_seqs=4, stats_interval=0.0)
+        await engine.start()
+        try:
+            with caplog.at_level(logging.INFO, logger="chattts_runtime.engines.graph"):
+                await asyncio.gather(*(collect(engine.submit(request(tiny_model, i, t, params)))
+                                       for i, t in enumerate(TEXTS[:3])))
+        finally:
+            await engine.stop()
+
+    async def collect(stream):
+        return [chunk async for chunk in stream]
+
+    asyncio.run(go())
+    reports = [json.loads(r.getMessage().split("engine loop: ", 1)[1]) for r in caplog.records
+               if r.getMessage().startswith("engine loop: ")]
+    assert reports, "no loop report was logged"
+    assert sum(r["rows_per_step"]["first"] * r["steps_per_s"] * r["wall_s"] for r in reports) > 0
+    assert all(r["rows_per_step"]["refine"] == 0 and 0 <= r["gpu_wait_share"] <= 1 for r in reports)

@@ -10,6 +10,8 @@ import pytest
 
 from chattts_runtime.engines.schedule import Admission, Stage, Waiting, plan_admission
 from chattts_runtime.engines.slots import (
+    STAGE_NAMES,
+    LoopStats,
     FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 
 BATCH = bucket_sizes(8)  # [1, 2, 4, 8]
@@ -175,3 +177,27 @@ def test_a_full_engine_admits_nothing_until_an_abort_frees_a_slot_then_first_aud
     # ... and the voice pass, both ahead of the playing stream's next piece (inside its grace).
     assert admit() == Admission(audio=(1, 2), text=(0,))
     assert [table.claim() for _ in range(3)] == [0, 1, 2] and table.free == 0  # the freed slots, lowest first
+
+
+def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_over():
+    now = [100.0]
+    stats = LoopStats(clock=lambda: now[0])
+    rows = dict.fromkeys(STAGE_NAMES, 0)
+    rows.update(first=3, voice=2, refine=1)
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 6 of a bucket of 8
+    rows.update(first=0, next=4)
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 7 of 8
+    stats.prefill(3)
+    stats.prefill(1)
+    stats.audio(5)
+    stats.waited(0.5)
+    now[0] += 2.0
+    report = stats.report()
+    assert report["steps_per_s"] == 1.0
+    assert report["rows_per_step"] == {"first": 1.5, "voice": 2.0, "next": 2.0, "refine": 1.0}
+    assert report["idle_rows_per_step"] == 1.5
+    assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
+    assert (report["audio_launches_per_s"], report["rows_per_audio_launch"]) == (0.5, 5.0)
+    assert report["gpu_wait_share"] == 0.25
+    now[0] += 1.0
+    assert stats.report()["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh

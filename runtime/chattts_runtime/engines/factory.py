@@ -18,7 +18,8 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             # requests get frames as often as the speech API would decode them (a third of a window).
             windows = StreamWindows(config.generation.stream_chunk_frames)
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
-                          decode_attention=config.engine.decode_attention)
+                          decode_attention=config.engine.decode_attention,
+                          stats_interval=config.engine.loop_report_seconds)
         if separate_engine_process(config, model.device.type):
             from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import threading
 import time
@@ -64,13 +65,15 @@ from chattts_runtime.engines.graph_steps import (
     MAX_REPETITION_WINDOW, PF_META, SlotState, decode_step, decode_windows, pack_prefill,
     prefill_step)
 from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
-from chattts_runtime.engines.schedule import Waiting, plan_admission, take
+from chattts_runtime.engines.schedule import Stage, Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
-    FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
+    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
 
 log = logging.getLogger(__name__)
+
+_STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}
 
 
 @dataclass
@@ -151,9 +154,14 @@ class GraphEngine(Engine):
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
-                 refine_rows: int = 64, next_piece_grace: float = 1.0):
+                 refine_rows: int = 64, next_piece_grace: float = 1.0, stats_interval: float | None = 10.0):
         if next_piece_grace < 0:
             raise ValueError("next_piece_grace must be >= 0")
+        # Every stats_interval seconds of work, one log line of where the rows and the worker's time went
+        # (engines.slots.LoopStats); None: never.
+        self.stats_interval = stats_interval
+        self._stats = LoopStats()
+        self.last_loop_report: dict | None = None
         self.model = model
         # How long a later piece of a playing response may wait behind others' first-audio work.
         self.next_piece_grace = next_piece_grace
@@ -228,6 +236,7 @@ class GraphEngine(Engine):
         self._running: dict[int, _Slotted] = {}
         self._slots = SlotTable(max_num_seqs)
         self._frames = FrameBook(max_num_seqs, max_model_len, model.sizes.gpt.num_vq)
+        self._stage_of = np.zeros(max_num_seqs + 1, np.int64)  # each audio slot's Stage, as STAGE_NAMES' index
         self._audio_fifo: collections.deque[_AudioBatch] = collections.deque()
 
     def _ragged_threshold(self, choice: str) -> int | None:
@@ -260,7 +269,7 @@ class GraphEngine(Engine):
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
-                "capture_seconds": round(self.capture_seconds, 2)}
+                "capture_seconds": round(self.capture_seconds, 2), "last_loop_report": self.last_loop_report}
 
     @property
     def num_running(self) -> int:
@@ -427,6 +436,17 @@ class GraphEngine(Engine):
                     in_flight = []
                 if events and not self.requests.emit(events):
                     return
+                self._maybe_report()
+
+    def _maybe_report(self) -> None:
+        stats = self._stats
+        if self.stats_interval is None or time.monotonic() - stats.began < self.stats_interval:
+            return
+        if not stats.steps and not stats.prefills:
+            stats.reset()  # idle: nothing to say, and the next report covers only work
+            return
+        self.last_loop_report = stats.report()
+        log.info("engine loop: %s", json.dumps(self.last_loop_report, separators=(",", ":")))
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
@@ -507,6 +527,7 @@ class GraphEngine(Engine):
         for seq in slotted:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
             seq.slot = self._slots.claim()
+            self._stage_of[seq.slot] = _STAGE_INDEX[Stage(seq.request.stage).value]
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
         meta, floats, sample_codes = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch, [
@@ -517,6 +538,7 @@ class GraphEngine(Engine):
             seq.position = seq.request.prompt_length
         self._run_prefill(rows, length, meta, floats, text=False, sample_codes=sample_codes)
         self.observer.on_step(n)
+        self._stats.prefill(n)
         slots = np.array([s.slot for s in slotted], np.int64)
         for seq in slotted:
             self._running[seq.slot] = seq
@@ -602,14 +624,21 @@ class GraphEngine(Engine):
         meta, floats, _ = pack_prefill(rows, length, self.model.sizes.gpt.hidden_size, state.scratch,
                                        [(j.slot, j.prompt_ids, j.params, j.seed, None, None) for j in jobs])
         self._run_prefill(rows, length, meta, floats, text=True)
+        self._stats.prefill(n)
         slots = np.array([j.slot for j in jobs], np.int64)
         epochs = self._slots.occupy(slots, [len(j.prompt_ids) for j in jobs], text=True)
         out = _Output(slots, epochs, np.arange(n), self._to_host(state.prefill_codes[:n]), None)
         out.ready = self._event()
         return out
 
+    def _fetch(self, out: _Output) -> tuple[np.ndarray, np.ndarray | None]:
+        began = time.perf_counter()
+        fetched = out.fetch()
+        self._stats.waited(time.perf_counter() - began)
+        return fetched
+
     def _accept_text(self, out: _Output) -> None:
-        tokens, _ = out.fetch()
+        tokens, _ = self._fetch(out)
         live = self._slots.live(out.slots, out.epochs, text=True)
         for job in self._refine.accept(out.slots[live], tokens[out.rows[live], 0], self._refine_end):
             self._end_text(job, None)
@@ -640,6 +669,9 @@ class GraphEngine(Engine):
         self.observer.on_step(len(slots))
         self._slots.stepped(slots)
         audio, text = plan.audio, plan.text
+        stage_rows = np.bincount(self._stage_of[audio], minlength=len(STAGE_NAMES))
+        stage_rows[_STAGE_INDEX["refine"]] = len(text)
+        self._stats.step(batch, stage_rows)
         want_hidden = bool(self._frames.want_hidden[audio].any())
         codes = self._to_host(state.codes[:batch])
         hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
@@ -653,7 +685,7 @@ class GraphEngine(Engine):
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
         """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""
-        codes, hidden = out.fetch()
+        codes, hidden = self._fetch(out)
         slots, rows = out.slots, out.rows
         live = self._slots.live(slots, out.epochs, text=False)
         if not live.all():
@@ -730,6 +762,7 @@ class GraphEngine(Engine):
     def _decode_audio(self, group: list[_Window], frames: int, hidden: bool) -> _AudioBatch:
         state = self._state
         n = len(group)
+        self._stats.audio(n)
         padded = self.pad_shapes and frames in self.audio_lengths
         rows = pick_bucket(self.audio_row_buckets, n) if padded else n
         graph = self._audio_graphs.get((hidden, rows, frames))

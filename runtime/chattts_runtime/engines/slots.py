@@ -10,7 +10,9 @@ graph engine's worker reasons about between two launches (``engines.graph``; the
   KV-length buckets, whether refine rows ride in it;
 * :func:`gather_open`: whether waiting audio may be prefilled now or gathered a little longer;
 * :class:`FrameBook` and :class:`RefineBook`: what one step's output means per slot (a frame
-  kept, a chunk due, a stream or a refine job at its end).
+  kept, a chunk due, a stream or a refine job at its end);
+* :class:`LoopStats`: where the worker's time and the steps' rows went (logged periodically: the
+  per-part account a benchmark reads beside its latencies).
 """
 from __future__ import annotations
 
@@ -242,3 +244,58 @@ class RefineBook:
 
     def reset(self) -> None:
         self.running = {}
+
+
+STAGE_NAMES = ("first", "voice", "next", "refine")  # a step's rows by what they stand for (engines.schedule.Stage)
+
+
+class LoopStats:
+    """Where the worker's rows and time went since the last report: decode steps and their rows by
+    stage (``STAGE_NAMES``), prefills and their rows, audio-window launches and their rows, and the
+    seconds the worker waited on the GPU (reading a step's codes) against its whole wall time. Rows
+    stepped for nobody (free slots inside a step's batch bucket) are the bucket less the rows."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self.reset()
+
+    def reset(self) -> None:
+        self.began = self._clock()
+        self.steps = 0
+        self.bucket_rows = 0
+        self.rows = np.zeros(len(STAGE_NAMES), np.int64)
+        self.prefills = self.prefill_rows = 0
+        self.audio_launches = self.audio_rows = 0
+        self.gpu_wait = 0.0
+
+    def step(self, batch: int, stage_rows: np.ndarray) -> None:
+        """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``."""
+        self.steps += 1
+        self.bucket_rows += batch
+        self.rows += stage_rows
+
+    def prefill(self, rows: int) -> None:
+        self.prefills += 1
+        self.prefill_rows += rows
+
+    def audio(self, rows: int) -> None:
+        self.audio_launches += 1
+        self.audio_rows += rows
+
+    def waited(self, seconds: float) -> None:
+        self.gpu_wait += seconds
+
+    def report(self) -> dict:
+        """The account since the last reset (per second and per step), then a fresh one."""
+        wall = max(self._clock() - self.began, 1e-9)
+        steps = max(self.steps, 1)
+        out = {"wall_s": round(wall, 3), "steps_per_s": round(self.steps / wall, 1),
+               "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
+               "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
+               "prefills_per_s": round(self.prefills / wall, 1),
+               "rows_per_prefill": round(self.prefill_rows / max(self.prefills, 1), 1),
+               "audio_launches_per_s": round(self.audio_launches / wall, 1),
+               "rows_per_audio_launch": round(self.audio_rows / max(self.audio_launches, 1), 1),
+               "gpu_wait_share": round(self.gpu_wait / wall, 3)}
+        self.reset()
+        return out
