@@ -12,6 +12,8 @@ from chattts_runtime.engines.schedule import Admission, Stage, Waiting, plan_adm
 from chattts_runtime.engines.slots import (
     STAGE_NAMES,
     LoopStats,
+    text_width,
+    text_widths_for,
     FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
 
 BATCH = bucket_sizes(8)  # [1, 2, 4, 8]
@@ -191,8 +193,10 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     stats.prefill(1)
     stats.audio(5)
     stats.waited(0.5)
-    now[0] += 2.0
+    stats.slept(1.0)  # asleep with nothing to do: not work
+    now[0] += 3.0
     report = stats.report()
+    assert (report["wall_s"], report["busy_share"]) == (2.0, 0.667)
     assert report["steps_per_s"] == 1.0
     assert report["rows_per_step"] == {"first": 1.5, "voice": 2.0, "next": 2.0, "refine": 1.0}
     assert report["idle_rows_per_step"] == 1.5
@@ -201,3 +205,21 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     assert report["gpu_wait_share"] == 0.25
     now[0] += 1.0
     assert stats.report()["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
+
+
+def test_the_text_head_takes_the_narrowest_captured_width_that_holds_the_refine_rows():
+    widths = bucket_sizes(64, smallest=8)  # [8, 16, 32, 64]
+    assert text_widths_for(widths, 4) == [4] and text_widths_for(widths, 16) == [8, 16]
+    assert text_widths_for(widths, 256) == [8, 16, 32, 64]
+    assert [text_width(widths, rows, 256) for rows in (1, 8, 9, 33, 64)] == [8, 8, 16, 64, 64]
+    assert text_width(widths, 3, 4) == 4  # never wider than the step's batch
+    with pytest.raises(ValueError):
+        text_width(widths, 65, 256)  # more refine rows than refine_rows: the engine never admits them
+    table = SlotTable(8)
+    audio = np.array([table.claim(), table.claim()])
+    table.occupy(audio, [10, 10], text=False)
+    text = np.array([table.claim()])
+    table.occupy(text, [3], text=True)
+    assert table.next_step(BATCH, LENGTH, 64, 4, [2, 4]).text_width == 2  # 1 refine row in a batch of 4
+    table.release(2)
+    assert table.next_step(BATCH, LENGTH, 64, 4, [2, 4]).text_width == 0  # no refine rows: not mixed

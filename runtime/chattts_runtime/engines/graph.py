@@ -67,7 +67,8 @@ from chattts_runtime.engines.graph_steps import (
 from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Stage, Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
-    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
+    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket,
+    text_widths_for)
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
 
@@ -217,12 +218,15 @@ class GraphEngine(Engine):
         if refine_rows < 1:
             raise ValueError("refine_rows must be >= 1")
         self.refine_rows = min(refine_rows, max_num_seqs)
+        # The text head of a mixed step reads 8, 16, ... refine_rows entries of its index, the fewest that
+        # hold the refine rows: sampling a 21k-token vocabulary for 64 rows when 5 ride costs ~0.5 ms a step.
+        self.text_widths = bucket_sizes(self.refine_rows, smallest=min(8, self.refine_rows))
         self._refine = RefineBook()
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
         self._state: SlotState | None = None
-        # Decode graphs per (batch, length, mixed: refine rows in the step); prefills per (rows, length, text).
+        # Decode graphs per (batch, length, text width: 0 without refine rows); prefills per (rows, length, text).
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._audio_graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -264,7 +268,7 @@ class GraphEngine(Engine):
                 "graphs": len(self._graphs) + len(self._prefill_graphs) + len(self._audio_graphs),
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
                 "audio_graphs": len(self._audio_graphs),
-                "refine_graphs": sum(k[2] for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
+                "refine_graphs": sum(k[2] > 0 for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
                 "decode_attention": ("padded" if self.ragged_from is None
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
@@ -356,10 +360,11 @@ class GraphEngine(Engine):
         kinds = (False, True) if end is not None else (False,)  # audio only; with refine-text rows
         # Largest first, so smaller graphs reuse the shared pool's blocks.
         for batch in reversed(self.batch_buckets):
+            widths = [0, *text_widths_for(self.text_widths, batch)] if end is not None else [0]
             for length in reversed(self.length_buckets):
-                for mixed in kinds:
-                    self._graphs[(batch, length, mixed)], _ = self._capture(side, pool, lambda: decode_step(
-                        gpt, state, batch, length, eos, end if mixed else None, self._ragged(batch)))
+                for width in reversed(widths):
+                    self._graphs[(batch, length, width)], _ = self._capture(side, pool, lambda: decode_step(
+                        gpt, state, batch, length, eos, end if width else None, self._ragged(batch), width or None))
         for rows in reversed(self.prefill_row_buckets):
             for length in reversed(self.prefill_length_buckets):
                 for text in kinds:
@@ -395,9 +400,11 @@ class GraphEngine(Engine):
             refine = self._refine
             while True:
                 with self.requests.cond:
+                    asleep = time.monotonic()
                     if not self.requests.wait_for_work(lambda: bool(
                             self._running or in_flight or self._audio_fifo or refine.waiting or refine.running)):
                         return
+                    self._stats.slept(time.monotonic() - asleep)
                     aborted = self.requests.take_aborted()
                     if aborted:
                         refine.waiting = type(refine.waiting)(j for j in refine.waiting if j.job_id not in aborted)
@@ -655,16 +662,17 @@ class GraphEngine(Engine):
         captured (batch, length) bucket that holds them: replayed when captured, else run eagerly.
         Returns (is refine-text, output) for each kind present; both read the same codes."""
         state = self._state
-        plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows)
+        plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows,
+                                     self.text_widths)
         slots, batch, length, mixed = plan.slots, plan.batch, plan.length, plan.mixed
         if plan.text_index is not None:
             self._to_device(state.text_index, plan.text_index)
-        graph = self._graphs.get((batch, length, mixed))
+        graph = self._graphs.get((batch, length, plan.text_width))
         if graph is not None:
             graph.replay()
         else:
             decode_step(self.model.gpt, state, batch, length, self._eos, self._refine_end if mixed else None,
-                        self._ragged(batch))
+                        self._ragged(batch), plan.text_width or None)
         self.steps += 1
         self.observer.on_step(len(slots))
         self._slots.stepped(slots)

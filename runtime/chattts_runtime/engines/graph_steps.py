@@ -205,14 +205,15 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
 
 
 def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_end: int | None = None,
-                ragged: bool = False) -> None:
+                ragged: bool = False, text_width: int | None = None) -> None:
     """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only.
 
     With ``text_end`` the step is mixed: the slots in ``state.text_index`` (flagged ``is_text``) are
     refine-text rows (text embedding in, text head out, ``text_end`` their end token) beside the audio
     rows; every row also runs the code heads (cheap), whose output a refine row's input replaces. ``ragged``
     attends with the ragged Triton kernel (each row reads its own columns only) instead of the
-    masked ``scaled_dot_product_attention`` over the bucket.
+    masked ``scaled_dot_product_attention`` over the bucket. ``text_width``: how many entries of the text
+    index the text head reads (default: as many as the batch holds).
     """
     rows = state.rows[:batch]
     position = state.position[:batch]
@@ -241,7 +242,7 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_e
     codes = sample_slots(state, slice(0, batch), state.code_logits(hidden), eos, state.history)
     if text_end is not None:
         # Refine rows: the text head over their hidden states; the text ring written before the counter moves.
-        index = state.text_index[:min(batch, state.text_index.numel())]
+        index = state.text_index[:min(batch, state.text_index.numel()) if text_width is None else text_width]
         text = sample_slots(state, index, state.text_logits(state.hidden[index]), text_end, state.text_history)
         state.text_history[index, state.generated[index] % MAX_REPETITION_WINDOW] = text
     state.record(slice(0, batch), codes, codes, None, hidden)

@@ -45,6 +45,17 @@ def pick_bucket(buckets: list[int], need: int) -> int:
     raise ValueError(f"{need} exceeds the largest bucket {buckets[-1]}")
 
 
+def text_widths_for(widths: list[int], batch: int) -> list[int]:
+    """The text-head widths a step over a batch bucket of ``batch`` may take (none wider than the batch)."""
+    return sorted({min(w, batch) for w in widths})
+
+
+def text_width(widths: list[int], rows: int, batch: int) -> int:
+    """The narrowest text-head width for ``rows`` refine rows in a step of ``batch``: the text head samples a
+    vocabulary 34x the code heads', so its width is most of what refine rows add to a step."""
+    return pick_bucket(text_widths_for(widths, batch), rows)
+
+
 def gather_open(waiting: int, oldest_arrival: float | None, *, streaming: bool, prefill_rows: int,
                 admit_interval: float, now: float) -> bool:
     """Whether ``waiting`` audio requests (the oldest arrived at ``oldest_arrival``) may start now: at once
@@ -60,7 +71,8 @@ def gather_open(waiting: int, oldest_arrival: float | None, *, streaming: bool, 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One decode step: slots ``[0, batch)`` over KV columns ``[0, length)``."""
+    """One decode step: slots ``[0, batch)`` over KV columns ``[0, length)``; its text head over the first
+    ``text_width`` entries of the text index (0: no refine rows ride in it)."""
 
     slots: np.ndarray  # the occupied slots, ascending (the rows read back)
     batch: int
@@ -70,6 +82,7 @@ class StepPlan:
     # The refine rows' slots padded with the scratch slot, when they changed since the last plan (the
     # step's text-head index must be rewritten); None when it still holds.
     text_index: np.ndarray | None = None
+    text_width: int = 0
 
     @property
     def mixed(self) -> bool:
@@ -126,9 +139,10 @@ class SlotTable:
         return (self.text if text else self.audio)[slots] & (self.epoch[slots] == epochs)
 
     def next_step(self, batch_buckets: list[int], length_buckets: list[int], max_len: int,
-                  text_rows: int) -> StepPlan:
+                  text_rows: int, text_widths: list[int] | None = None) -> StepPlan:
         """The decode step over every occupied slot at the smallest buckets that hold them (call when
-        ``busy``); ``text_rows``: the width of the step's text-head index."""
+        ``busy``); ``text_rows``: the size of the text-head index; ``text_widths``: the widths its text
+        head is captured at (default: ``text_rows`` alone), the smallest that holds the refine rows taken."""
         slots = np.flatnonzero(self.audio | self.text)
         batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
         need = min(int(self.position[slots].max()), max_len - 1) + 1
@@ -138,7 +152,9 @@ class SlotTable:
             index = np.full(text_rows, self.scratch, np.int64)
             index[:len(text)] = text
             self._text_changed = False
-        return StepPlan(slots, batch, pick_bucket(length_buckets, need), slots[self.audio[slots]], text, index)
+        width = text_width(text_widths or [text_rows], len(text), batch) if len(text) else 0
+        return StepPlan(slots, batch, pick_bucket(length_buckets, need), slots[self.audio[slots]], text, index,
+                        width)
 
     def stepped(self, slots: np.ndarray) -> None:
         """A step over ``slots`` was launched: their next inputs are one position on."""
@@ -252,8 +268,9 @@ STAGE_NAMES = ("first", "voice", "next", "refine")  # a step's rows by what they
 class LoopStats:
     """Where the worker's rows and time went since the last report: decode steps and their rows by
     stage (``STAGE_NAMES``), prefills and their rows, audio-window launches and their rows, and the
-    seconds the worker waited on the GPU (reading a step's codes) against its whole wall time. Rows
-    stepped for nobody (free slots inside a step's batch bucket) are the bucket less the rows."""
+    seconds the worker waited on the GPU (reading a step's codes). Rates are per second of work: the
+    worker's time asleep with nothing to do is left out. Rows stepped for nobody (free slots inside a
+    step's batch bucket) are the bucket less the rows."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
@@ -267,6 +284,7 @@ class LoopStats:
         self.prefills = self.prefill_rows = 0
         self.audio_launches = self.audio_rows = 0
         self.gpu_wait = 0.0
+        self.idle = 0.0
 
     def step(self, batch: int, stage_rows: np.ndarray) -> None:
         """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``."""
@@ -285,11 +303,17 @@ class LoopStats:
     def waited(self, seconds: float) -> None:
         self.gpu_wait += seconds
 
+    def slept(self, seconds: float) -> None:
+        """The worker slept ``seconds`` with nothing to do (not counted as work)."""
+        self.idle += seconds
+
     def report(self) -> dict:
         """The account since the last reset (per second and per step), then a fresh one."""
-        wall = max(self._clock() - self.began, 1e-9)
+        elapsed = self._clock() - self.began
+        wall = max(elapsed - self.idle, 1e-9)  # seconds of work
         steps = max(self.steps, 1)
-        out = {"wall_s": round(wall, 3), "steps_per_s": round(self.steps / wall, 1),
+        out = {"wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
+               "steps_per_s": round(self.steps / wall, 1),
                "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
                "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
                "prefills_per_s": round(self.prefills / wall, 1),
