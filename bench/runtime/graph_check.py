@@ -24,7 +24,7 @@ from bench.runtime.speech_api import RESULTS, make_checkpoint
 from bench.runtime.gpu_timing import event_median_ms
 
 
-async def generate(engine_cls, model, texts, params, **kw):
+async def generate(engine_cls, model, texts, params, samples=True, **kw):
     """Greedy codes of ``texts`` and, on an engine that refines, its refine-text ids of them."""
     from chattts_runtime.engines.base import SynthesisRequest
 
@@ -35,7 +35,7 @@ async def generate(engine_cls, model, texts, params, **kw):
         prompt = model.tokenizer.build(text, with_speaker=True)
         # Every other request carries 24 frames of voice-sample codes after its text (upstream's spk_smp,
         # what a long input's pieces take from its first): the prefill that embeds them is checked too.
-        sample = None if i % 2 == 0 else np.random.default_rng(i).integers(
+        sample = None if i % 2 == 0 or not samples else np.random.default_rng(i).integers(
             0, model.sizes.gpt.num_audio_tokens - 1, size=(24, model.sizes.gpt.num_vq))
         req = SynthesisRequest(f"c{i}", prompt.input_ids, model.speaker_for("alloy").numpy(), params,
                                prompt_codes=sample)
@@ -82,6 +82,10 @@ def main() -> int:
     p.add_argument("--size", default="full")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--out", default=None)
+    p.add_argument("--repeat", action="store_true",
+                   help="run the graph and the eager engine twice each: is each run-to-run deterministic?")
+    p.add_argument("--no-samples", action="store_true", help="no request carries voice-sample codes")
+    p.add_argument("--equality-only", action="store_true", help="skip the step, prefill and window timings")
     args = p.parse_args()
     ckpt = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
     model = load_chattts(ckpt, device="cuda", dtype=torch.bfloat16)
@@ -89,15 +93,17 @@ def main() -> int:
     params = SamplingParams(temperature=0, max_new_frames=64, min_new_frames=64)
     report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
-    graphed, engine = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
+    samples = not args.no_samples
+    report["voice_sample_rows"] = samples
+    graphed, engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
                                            max_model_len=args.max_model_len))
     report["capture_seconds"] = engine.capture_seconds
     report["graphs"] = len(engine._graphs)
     # The eager run pads prefills and windows like the graphs do: bf16 kernels round differently
     # for other shapes, so only the same shapes can be compared for equality.
-    eager, eager_engine = asyncio.run(generate(GraphEngine, model, texts, params, max_num_seqs=256,
+    eager, eager_engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
                                     max_model_len=args.max_model_len, use_graphs=False, pad_shapes=True))
-    reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, max_num_seqs=256,
+    reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, samples, max_num_seqs=256,
                                         max_model_len=args.max_model_len))
     report["graph_equals_eager"] = graphed == eager
     report["first_frame_graph_differs_from_eager"] = [
@@ -113,6 +119,19 @@ def main() -> int:
     report["frames_equal_to_reference"] = f"{same}/{sum(len(r) for r in reference)}"
     first_diff = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None) for g, r in zip(graphed, reference)]
     report["first_divergent_frame_per_request"] = first_diff
+    if args.repeat:  # the same engine again: a difference here is run-to-run, not graph against eager
+        for name, kw in (("graph", {}), ("eager", {"use_graphs": False, "pad_shapes": True})):
+            again, _ = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
+                                            max_model_len=args.max_model_len, **kw))
+            first = graphed if name == "graph" else eager
+            report[f"{name}_run_twice_first_difference"] = [
+                next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(first, again)]
+    if args.equality_only:
+        text = json.dumps(report, indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return 0
 
     # Raw step time per (batch, length bucket), CUDA events, median of replays: the engine's captured
     # steps, audio rows only and mixed with refine-text rows (text head and its sampling on every row),
