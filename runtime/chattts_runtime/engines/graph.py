@@ -227,7 +227,7 @@ class GraphEngine(Engine):
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
         self._state: SlotState | None = None
         # Decode graphs per (batch, length, text width: 0 without refine rows); prefills per (rows, length, text).
-        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._audio_graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._audio_stream = None
