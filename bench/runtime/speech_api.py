@@ -166,6 +166,13 @@ async def scrape(url: str) -> dict[str, float]:
 LOOP_MARK = "engine loop: "  # the graph engine's periodic account (engines.slots.LoopStats), one JSON per line
 
 
+def log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
 def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
     """The graph engine's loop reports logged since byte ``offset`` of the server's ``log``, merged (each
     figure weighted by its report's wall time), and the log's new end; None when none were logged."""
@@ -318,6 +325,20 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
               "server's own timings (Server-Timing), before the response starts; after_headers is the client's "
               "time from the response's headers to its first audio (the first piece's queue wait, prefill and "
               "first window). One-piece / multi-piece: the input's pieces (X-ChatTTS-Pieces)."]
+    loops = [row for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
+    if loops:  # the graph engine's own account of each level (engines.slots.LoopStats)
+        lines += ["", "| concurrency | decode steps/s | rows per step: first / voice / next / refine / idle | "
+                  "prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |", "|---|---|---|---|---|---|"]
+        for row in loops:
+            loop = row["engine_loop"]
+            rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
+            lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} | {rows} | {loop['prefills_per_s']:.1f} "
+                         f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
+                         f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} |")
+        lines += ["", "Engine loop: the graph engine's account while the level ran (`engine.loop_report_seconds`, "
+                  "merged by wall time): decode steps per second of work, each step's rows by stage and the free "
+                  "rows of its batch bucket, prefills and audio-window launches, and the share of the worker's "
+                  "time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "
               f"({report['environment']['client_lib']} on {report['environment']['client_loop']}), released "
@@ -355,9 +376,10 @@ async def main_async(args) -> dict:
         t0 = time.perf_counter()
         await wait_ready(url, proc, log=log)
         startup = time.perf_counter() - t0
+        log_offset = log_size(log)  # the loop reports of start-up and warm-up are not the levels'
         sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
                                      client_lib=client_lib)
-        sequential["engine_loop"], log_offset = engine_loop(log, 0)
+        sequential["engine_loop"], log_offset = engine_loop(log, log_offset)
         results = []
         for c in levels:
             stagger = args.stagger if c > 1 else 0.0
