@@ -127,11 +127,7 @@ def main() -> int:
             report[f"{name}_run_twice_first_difference"] = [
                 next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(first, again)]
     if args.equality_only:
-        text = json.dumps(report, indent=2)
-        print(text)
-        if args.out:
-            Path(args.out).write_text(text)
-        return 0
+        return write_report(report, args.out)
 
     # Raw step time per (batch, length bucket), CUDA events, median of replays: the engine's captured
     # steps, audio rows only and mixed with refine-text rows (text head and its sampling on every row),
@@ -229,10 +225,14 @@ def main() -> int:
             "decode": sum(not k[2] for k in engine._graphs), "decode_mixed_with_refine": sum(k[2] > 0 for k in engine._graphs),
             "prefill": sum(not k[2] for k in engine._prefill_graphs),
             "refine_prefill": sum(k[2] for k in engine._prefill_graphs), "audio": len(engine._audio_graphs)}
+    return write_report(report, args.out)
+
+
+def write_report(report: dict, out: str | None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if out:
+        Path(out).write_text(text)
     return 0
 
 

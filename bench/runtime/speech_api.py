@@ -125,8 +125,8 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
     if voice_from_first_piece is not None:
         text["voice_from_first_piece"] = voice_from_first_piece
     engine_settings = {"max_num_seqs": max_seqs, "max_model_len": max_model_len}
-    if engine == "graph":  # its loop account every 2 s: each level's rows and GPU wait (engine_loop)
-        engine_settings["loop_report_seconds"] = 2.0
+    if engine == "graph":  # its loop account (engine_loop): a GPU level runs for tens of seconds, a CPU one for a few
+        engine_settings["loop_report_seconds"] = 2.0 if device == "cuda" else 0.25
     if engine == "vllm":  # its own knobs (``vllm``: enforce_eager, enable_prefix_caching, kv_cache_dtype, ...)
         engine_settings.update({"dtype": "bfloat16" if device == "cuda" else "float32", **(vllm or {})})
     return {
@@ -193,17 +193,15 @@ def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
         return None, offset + len(text)
     wall = sum(r["wall_s"] for r in reports)
 
-    def mean(get):
-        return round(sum(get(r) * r["wall_s"] for r in reports) / wall, 3)
+    def mean(values) -> float:  # weighted by each report's wall time
+        return round(sum(v * r["wall_s"] for v, r in zip(values, reports)) / wall, 3)
 
     merged = {"reports": len(reports), "wall_s": round(wall, 1)}
     for key, value in reports[0].items():
-        if key == "wall_s":
-            continue
         if isinstance(value, dict):
-            merged[key] = {name: mean(lambda r, k=key, n=name: r[k][n]) for name in value}
-        else:
-            merged[key] = mean(lambda r, k=key: r[k])
+            merged[key] = {name: mean(r[key][name] for r in reports) for name in value}
+        elif key != "wall_s":
+            merged[key] = mean(r[key] for r in reports)
     return merged, offset + len(text)
 
 

@@ -162,7 +162,6 @@ class GraphEngine(Engine):
         # (engines.slots.LoopStats); None: never.
         self.stats_interval = stats_interval
         self._stats = LoopStats()
-        self.last_loop_report: dict | None = None
         self.model = model
         # How long a later piece of a playing response may wait behind others' first-audio work.
         self.next_piece_grace = next_piece_grace
@@ -273,7 +272,7 @@ class GraphEngine(Engine):
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
-                "capture_seconds": round(self.capture_seconds, 2), "last_loop_report": self.last_loop_report}
+                "capture_seconds": round(self.capture_seconds, 2)}
 
     @property
     def num_running(self) -> int:
@@ -452,8 +451,7 @@ class GraphEngine(Engine):
         if not stats.steps and not stats.prefills:
             stats.reset()  # idle: nothing to say, and the next report covers only work
             return
-        self.last_loop_report = stats.report()
-        log.info("engine loop: %s", json.dumps(self.last_loop_report, separators=(",", ":")))
+        log.info("engine loop: %s", json.dumps(stats.report(), separators=(",", ":")))
 
     def _empty(self) -> np.ndarray:
         return np.zeros((0, self.model.sizes.gpt.num_vq), np.int64)
