@@ -96,6 +96,12 @@ class EngineSettings(_Strict):
         "auto", description="Graph engine: attention of a decode step. ragged: a Triton kernel that reads "
         "each row's own context only; padded: masked scaled_dot_product_attention over the step's length "
         "bucket; auto: ragged on CUDA when Triton is installed, else padded.")
+    decode_kernels: Literal["auto", "fused", "modules"] = Field(
+        "auto", description="Graph engine: how a decode step runs the GPT's layers. fused: Triton kernels "
+        "for the norms, the rotary embedding with the KV write, and SiLU, with the QKV and gate/up projections "
+        "as one matrix product each (9 launches a layer instead of ~44; the same arithmetic, rounded where "
+        "the modules round); modules: the Llama modules, as the prefill runs them; auto: fused on CUDA when "
+        "Triton is installed, else modules.")
     next_piece_grace_seconds: float = Field(
         1.0, ge=0.0, le=60.0, description="Graph/reference engine: how long a later piece of a response that "
         "is already playing may wait for a slot behind other responses' first-audio work (refine-text, a "

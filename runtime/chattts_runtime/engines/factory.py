@@ -19,6 +19,7 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             windows = StreamWindows(config.generation.stream_chunk_frames)
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
                           decode_attention=config.engine.decode_attention,
+                          decode_kernels=config.engine.decode_kernels,
                           stats_interval=config.engine.loop_report_seconds)
         if separate_engine_process(config, model.device.type):
             from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415

@@ -155,7 +155,8 @@ class GraphEngine(Engine):
                  gil_switch_interval: float | None = 0.001, admit_interval: float | None = None,
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
-                 refine_rows: int = 64, next_piece_grace: float = 1.0, stats_interval: float | None = 10.0):
+                 refine_rows: int = 64, next_piece_grace: float = 1.0, stats_interval: float | None = 10.0,
+                 decode_kernels: str = "auto"):
         if next_piece_grace < 0:
             raise ValueError("next_piece_grace must be >= 0")
         # Every stats_interval seconds of work, one log line of where the rows and the worker's time went
@@ -224,6 +225,7 @@ class GraphEngine(Engine):
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
+        self.fused_decode = self._fused_choice(decode_kernels)  # decode steps through engines.fused's kernels
         self._state: SlotState | None = None
         # Decode graphs per (batch, length, text width: 0 without refine rows); prefills per (rows, length, text).
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
@@ -258,6 +260,26 @@ class GraphEngine(Engine):
             raise ValueError(f"decode_attention must be auto, ragged or padded, not {choice!r}")
         return attention.MIN_RAGGED_BATCH if self.cuda and attention.available() else None
 
+    def _fused_choice(self, choice: str) -> bool:
+        """``decode_kernels`` -> whether decode steps run ``engines.fused``'s trunk. fused: always (a CUDA
+        device and Triton, or Triton's interpreter on CPU: the tests); modules: the Llama modules as the
+        prefill runs them; auto: fused on CUDA with Triton when the checkpoint's body allows it."""
+        from chattts_runtime.engines import attention, fused  # noqa: PLC0415
+
+        if choice == "modules":
+            return False
+        if choice not in ("auto", "fused"):
+            raise ValueError(f"decode_kernels must be auto, fused or modules, not {choice!r}")
+        usable = self.cuda and attention.available()
+        reason = fused.fusable(self.model.gpt.llama)
+        if choice == "auto":
+            return usable and reason is None
+        if not (usable or (fused.interpreted() and attention.available())):
+            raise ValueError("decode_kernels: fused needs a CUDA device and Triton")
+        if reason is not None:
+            raise ValueError(f"decode_kernels: fused cannot run this checkpoint: {reason}")
+        return True
+
     def _ragged(self, batch: int) -> bool:
         return self.ragged_from is not None and batch >= self.ragged_from
 
@@ -270,6 +292,7 @@ class GraphEngine(Engine):
                 "refine_graphs": sum(k[2] > 0 for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
                 "decode_attention": ("padded" if self.ragged_from is None
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
+                "decode_kernels": "fused" if self.fused_decode else "modules",
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
@@ -326,15 +349,19 @@ class GraphEngine(Engine):
         self._state = SlotState(self.model.gpt, self.max_num_seqs, self.max_model_len, self.model.device,
                                 self.prefill_rows, self.audio_rows, hidden_audio=self.hidden_audio,
                                 text_rows=self.refine_rows)
+        if self.fused_decode:
+            from chattts_runtime.engines.fused import fuse_trunk  # noqa: PLC0415  (Triton)
+
+            self._state.trunk = fuse_trunk(self.model.gpt)
         if self.cuda:
             self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
             began = time.monotonic()
             self._capture_all()
             self.capture_seconds = time.monotonic() - began
-            log.info("captured %d decode, %d prefill and %d audio graphs in %.1f s (decode attention: %s)",
-                     len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs), self.capture_seconds,
-                     self.describe()["decode_attention"])
+            log.info("captured %d decode, %d prefill and %d audio graphs in %.1f s (decode attention: %s; "
+                     "decode kernels: %s)", len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs),
+                     self.capture_seconds, self.describe()["decode_attention"], self.describe()["decode_kernels"])
         self._state.reset_sampling()
 
     def _capture(self, stream, pool, fn):

@@ -116,6 +116,8 @@ class SlotState:
         self.prefill_float = torch.zeros(prefill_rows, PF_FLOAT_META + s.hidden_size, **f32)
         self.prefill_codes = torch.zeros(prefill_rows, self.heads, **lng)
         self.prefill_prompt_codes = torch.zeros(prefill_rows, max_len, s.num_vq, **lng)
+        # The trunk's weights as engines.fused's decode reads them; None: decode steps run the modules.
+        self.trunk = None
 
     def park_prefill_rows(self) -> None:
         """Every prefill row on the scratch slot with a one-token prompt (what a capture runs over)."""
@@ -228,16 +230,31 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_e
         state.values[idx][rows, :, position] = v[:, :, 0]
         return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
 
+    mask = attend = None
     if ragged:
         from chattts_runtime.engines.attention import ragged_decode_attention  # noqa: PLC0415  (Triton)
 
         # A free slot's stale position may lie past the bucket: its row reads (and is) garbage, inside it.
         lengths = torch.clamp(position + 1, max=length)
-        hidden = gpt.body(h, cos, sin, None, write_kv,
-                          lambda q, keys, values: ragged_decode_attention(q, keys, values, lengths, length))[:, 0]
+
+        def attend(q, keys, values):
+            return ragged_decode_attention(q, keys, values, lengths, length)
     else:
         mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
-        hidden = gpt.body(h, cos, sin, mask, write_kv)[:, 0]
+    if state.trunk is not None:  # engines.fused: the same layers in 9 launches each
+        from chattts_runtime.engines.fused import decode_trunk  # noqa: PLC0415  (Triton)
+
+        groups = state.trunk.heads // state.trunk.kv_heads
+
+        def padded(q, keys, values):
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+        hidden = decode_trunk(state.trunk, h[:, 0], cos, sin, position, state.keys, state.values, batch, length,
+                              attend or padded)
+    else:
+        hidden = gpt.body(h, cos, sin, mask, write_kv, attend)[:, 0]
     state.hidden[:batch] = hidden
     codes = sample_slots(state, slice(0, batch), state.code_logits(hidden), eos, state.history)
     if text_end is not None:
