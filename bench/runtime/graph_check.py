@@ -5,8 +5,10 @@
 steps and how many frames agree with the reference engine (bf16 on GPU: kernels differ,
 so agreement is reported, not asserted), graph capture time, and the median time of one
 replayed decode step at batch 1/16/64/256 (length buckets 256 and 1024, audio rows only and mixed
-with refine-text rows, ragged kernel against padded SDPA), the engine-level counterpart of
-``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows; and the
+with refine-text rows, ragged kernel against padded SDPA, the fused trunk against the Llama modules),
+the engine-level counterpart of ``shared/anchors/chattts_gpt_anchor.py``'s ``cudagraph-static`` rows;
+with the fused trunk (``engine.decode_kernels``), how its codes and each kernel's bf16 outputs compare
+with the modules'; and the
 GPU time of a captured prefill (1/8/32 newcomers, 64-token bucket) and of an audio window
 batch (1/8/64 windows of the steady window length), each against the same code run eagerly.
 """
@@ -86,23 +88,28 @@ def main() -> int:
                    help="run the graph and the eager engine twice each: is each run-to-run deterministic?")
     p.add_argument("--no-samples", action="store_true", help="no request carries voice-sample codes")
     p.add_argument("--equality-only", action="store_true", help="skip the step, prefill and window timings")
+    p.add_argument("--decode-attention", default="auto", choices=["auto", "ragged", "padded"],
+                   help="the graph engines' engine.decode_attention")
+    p.add_argument("--decode-kernels", default="auto", choices=["auto", "fused", "modules"],
+                   help="the graph engines' engine.decode_kernels (the fused-against-modules run needs fused)")
     args = p.parse_args()
     ckpt = make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}")
     model = load_chattts(ckpt, device="cuda", dtype=torch.bfloat16)
     texts = [f"check sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(16)]
     params = SamplingParams(temperature=0, max_new_frames=64, min_new_frames=64)
-    report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "args": vars(args)}
 
     samples = not args.no_samples
+    engine_kw = {"max_num_seqs": 256, "max_model_len": args.max_model_len, "decode_attention": args.decode_attention,
+                 "decode_kernels": args.decode_kernels}
     report["voice_sample_rows"] = samples
-    graphed, engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
-                                           max_model_len=args.max_model_len))
+    graphed, engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, **engine_kw))
     report["capture_seconds"] = engine.capture_seconds
     report["graphs"] = len(engine._graphs)
     # The eager run pads prefills and windows like the graphs do: bf16 kernels round differently
     # for other shapes, so only the same shapes can be compared for equality.
-    eager, eager_engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
-                                    max_model_len=args.max_model_len, use_graphs=False, pad_shapes=True))
+    eager, eager_engine = asyncio.run(generate(GraphEngine, model, texts, params, samples, **engine_kw,
+                                               use_graphs=False, pad_shapes=True))
     reference, _ = asyncio.run(generate(ReferenceEngine, model, texts, params, samples, max_num_seqs=256,
                                         max_model_len=args.max_model_len))
     report["graph_equals_eager"] = graphed == eager
@@ -119,10 +126,18 @@ def main() -> int:
     report["frames_equal_to_reference"] = f"{same}/{sum(len(r) for r in reference)}"
     first_diff = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None) for g, r in zip(graphed, reference)]
     report["first_divergent_frame_per_request"] = first_diff
+    report["decode_kernels"] = engine.describe()["decode_kernels"]
+    if engine.fused_decode:  # the same graphs over the Llama modules: how far the fused trunk's codes agree
+        modules, _ = asyncio.run(generate(GraphEngine, model, texts, params, samples,
+                                          **{**engine_kw, "decode_kernels": "modules"}))
+        report["fused_frames_equal_to_modules"] = (
+            f"{sum(a == b for f, m in zip(graphed, modules) for a, b in zip(f, m))}/{sum(len(m) for m in modules)}")
+        report["first_frame_fused_differs_from_modules"] = [
+            next((i for i, (a, b) in enumerate(zip(f, m)) if a != b), None) for f, m in zip(graphed, modules)]
+        report["fused_kernels_bf16_against_modules"] = kernel_rounding(model)
     if args.repeat:  # the same engine again: a difference here is run-to-run, not graph against eager
         for name, kw in (("graph", {}), ("eager", {"use_graphs": False, "pad_shapes": True})):
-            again, _ = asyncio.run(generate(GraphEngine, model, texts, params, samples, max_num_seqs=256,
-                                            max_model_len=args.max_model_len, **kw))
+            again, _ = asyncio.run(generate(GraphEngine, model, texts, params, samples, **engine_kw, **kw))
             first = graphed if name == "graph" else eager
             report[f"{name}_run_twice_first_difference"] = [
                 next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(first, again)]
@@ -147,6 +162,11 @@ def main() -> int:
                     continue
                 padded, _ = engine._capture(side, pool, lambda: decode_step(model.gpt, state, batch, length, eos))
                 variants = {"engine": engine._graphs[(batch, length, 0)], "padded_sdpa": padded}
+                if state.trunk is not None:  # the same step over the Llama modules: what the fused trunk saves
+                    trunk, state.trunk = state.trunk, None
+                    variants["modules"], _ = engine._capture(side, pool, lambda: decode_step(
+                        model.gpt, state, batch, length, eos, None, engine._ragged(batch)))
+                    state.trunk = trunk
                 for width in sorted(k[2] for k in engine._graphs if k[:2] == (batch, length) and k[2]):
                     variants[f"engine_mixed_with_refine_width_{width}"] = engine._graphs[(batch, length, width)]
                 for contexts in ("mixed", "full"):
@@ -161,7 +181,7 @@ def main() -> int:
                         row[name] = round(event_median_ms(graph.replay, runs=35, warmup=5,
                                                           before=lambda: state.position[:batch].copy_(start - 1)), 3)
                     steps[f"{batch}x{length}/{contexts}"] = row
-                del padded
+                del padded, variants
     report["decode_attention"] = engine.describe()["decode_attention"]
     report["step_ms"] = steps
 
@@ -183,6 +203,28 @@ def main() -> int:
             logits = [state.code_logits(hidden[k].to(model.gpt.dtype)).argmax(-1) for k in (False, True)]
             report["ragged_vs_sdpa_256x1024"] = {
                 "max_abs_hidden_diff": diff, "max_abs_hidden": scale,
+                "greedy_codes_equal": f"{int((logits[0] == logits[1]).sum())}/{logits[0].numel()}"}
+
+    # The fused trunk against the modules on the same inputs: one eager step each from the same state.
+    if state.trunk is not None:
+        with torch.inference_mode():
+            batch, length = 256, 1024
+            start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)
+            saved = {k: getattr(state, k).clone() for k in ("codes", "position", "generated", "history")}
+            hidden = {}
+            trunk = state.trunk
+            for name, use in (("modules", None), ("fused", trunk)):
+                for k, v in saved.items():
+                    getattr(state, k).copy_(v)
+                state.position[:batch] = start
+                state.trunk = use
+                decode_step(model.gpt, state, batch, length, eos, None, engine._ragged(batch))
+                hidden[name] = state.hidden[:batch].float().clone()
+            state.trunk = trunk
+            logits = [state.code_logits(hidden[k].to(model.gpt.dtype)).argmax(-1) for k in ("modules", "fused")]
+            report["fused_vs_modules_256x1024"] = {
+                "max_abs_hidden_diff": (hidden["fused"] - hidden["modules"]).abs().max().item(),
+                "max_abs_hidden": hidden["modules"].abs().max().item(),
                 "greedy_codes_equal": f"{int((logits[0] == logits[1]).sum())}/{logits[0].numel()}"}
 
     def median_ms(fn, stream=None, runs=30) -> float:
@@ -226,6 +268,52 @@ def main() -> int:
             "prefill": sum(not k[2] for k in engine._prefill_graphs),
             "refine_prefill": sum(k[2] for k in engine._prefill_graphs), "audio": len(engine._audio_graphs)}
     return write_report(report, args.out)
+
+
+def kernel_rounding(model) -> dict:
+    """engines.fused's kernels against the modules they replace, in bf16 on the GPU (where Triton rounds to
+    nearest, as torch does): how many outputs differ, and by how much at most."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from chattts_runtime.engines import fused
+
+    layer, llama = model.gpt.llama.layers[0], model.gpt.llama
+    s = model.gpt.sizes
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    b, d, heads = 256, s.head_dim, s.num_attention_heads
+    dtype = model.gpt.dtype
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=generator) * scale).to(dtype)
+
+    def differ(got, want):
+        return {"differ": f"{int((got != want).sum())}/{want.numel()}",
+                "max_abs": float((got.float() - want.float()).abs().max())}
+
+    out = {}
+    with torch.inference_mode():
+        x, delta = randn(b, s.hidden_size, scale=3.0), randn(b, s.hidden_size)
+        normed, total = fused.add_rms_norm(x, delta, layer.input_layernorm.weight, llama.norm.variance_epsilon)
+        out["add"] = differ(total, x + delta)
+        out["rms_norm"] = differ(normed, layer.input_layernorm(x + delta))
+        gate_up = randn(b, 2 * s.intermediate_size, scale=3.0)
+        out["silu_mul"] = differ(fused.silu_mul(gate_up), F.silu(gate_up[:, :s.intermediate_size])
+                                 * gate_up[:, s.intermediate_size:])
+        position = torch.randint(0, 1024, (b,), device="cuda", generator=generator)
+        cos, sin = llama.rotary_emb(x[:, None, :], position[:, None])
+        qkv = randn(b, 3 * heads * d)
+        keys = torch.zeros(b, heads, 1024, d, dtype=dtype, device="cuda")
+        values = torch.zeros_like(keys)
+        q = fused.rotary_kv(qkv, cos[:, 0], sin[:, 0], position, keys, values, heads, heads)
+        split = [t.view(b, 1, heads, d).transpose(1, 2) for t in qkv.split(heads * d, dim=1)]
+        q_ref, k_ref = apply_rotary_pos_emb(split[0], split[1], cos, sin)
+        rows = torch.arange(b, device="cuda")
+        out["rotary_q"] = differ(q, q_ref)
+        out["rotary_k"] = differ(keys[rows, :, position], k_ref[:, :, 0])
+        out["v_write"] = differ(values[rows, :, position], split[2][:, :, 0])
+    return out
 
 
 def write_report(report: dict, out: str | None) -> int:

@@ -140,7 +140,7 @@ EOF
 } 2>&1 | tee "$STAGE/logs/environment.log"
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=150 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
+declare -A CAP=([anchor]=120 [graph_check]=220 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
                 [faithful_stream]=210 [fixed128]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 if [ "$smoke" = 1 ]; then  # a shared 2-core CI machine, not an H200
   for step in "${!CAP[@]}"; do CAP[$step]=$((CAP[$step] * 3)); done

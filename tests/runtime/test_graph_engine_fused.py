@@ -156,3 +156,24 @@ def test_fusable_names_what_the_kernels_cannot_compute(tiny_model):
     proj = llama.layers[0].self_attn.q_proj
     llama.layers[0].self_attn.q_proj = torch.nn.Linear(proj.in_features, proj.out_features, bias=True)
     assert "bias-free" in fused.fusable(llama)
+
+
+def test_kernels_that_fail_to_run_leave_the_modules_under_auto_only(interpreter, tiny_model, monkeypatch, caplog):
+    from chattts_runtime.engines.base import EngineError
+
+    def broken(gpt):
+        raise RuntimeError("no kernel for you")
+
+    monkeypatch.setattr(fused, "fuse_trunk", broken)
+    engine = GraphEngine(tiny_model, max_num_seqs=2, decode_kernels="fused")
+    engine.decode_kernels = "auto"  # what auto chose on a GPU whose Triton then fails
+
+    async def serve():
+        await engine.start()
+        await engine.stop()
+
+    asyncio.run(serve())
+    assert engine.describe()["decode_kernels"] == "modules"
+    assert "fused decode kernels failed" in caplog.text
+    with pytest.raises(EngineError, match="no kernel for you"):
+        asyncio.run(GraphEngine(tiny_model, max_num_seqs=2, decode_kernels="fused").start())

@@ -225,6 +225,7 @@ class GraphEngine(Engine):
         self._refine_end = model.tokenizer.token_id(REFINE_END)  # None: no refine-text on this checkpoint
         self._text_jobs = TextJobs()
         self.ragged_from = self._ragged_threshold(decode_attention)  # smallest batch bucket on the ragged kernel, or None
+        self.decode_kernels = decode_kernels
         self.fused_decode = self._fused_choice(decode_kernels)  # decode steps through engines.fused's kernels
         self._state: SlotState | None = None
         # Decode graphs per (batch, length, text width: 0 without refine rows); prefills per (rows, length, text).
@@ -350,9 +351,7 @@ class GraphEngine(Engine):
                                 self.prefill_rows, self.audio_rows, hidden_audio=self.hidden_audio,
                                 text_rows=self.refine_rows)
         if self.fused_decode:
-            from chattts_runtime.engines.fused import fuse_trunk  # noqa: PLC0415  (Triton)
-
-            self._state.trunk = fuse_trunk(self.model.gpt)
+            self._fuse_trunk()
         if self.cuda:
             self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
@@ -363,6 +362,22 @@ class GraphEngine(Engine):
                      "decode kernels: %s)", len(self._graphs), len(self._prefill_graphs), len(self._audio_graphs),
                      self.capture_seconds, self.describe()["decode_attention"], self.describe()["decode_kernels"])
         self._state.reset_sampling()
+
+    def _fuse_trunk(self) -> None:
+        """Decode steps through ``engines.fused``: one eager step builds its kernels before any capture. Under
+        ``auto`` a failure there (a Triton that cannot build them) leaves the modules, with the error logged."""
+        from chattts_runtime.engines.fused import fuse_trunk  # noqa: PLC0415  (Triton)
+
+        state = self._state
+        try:
+            state.trunk = fuse_trunk(self.model.gpt)
+            decode_step(self.model.gpt, state, 1, self.length_buckets[0], self._eos)  # slot 0; reset after set-up
+        except Exception:
+            if self.decode_kernels == "fused":
+                raise
+            log.exception("the fused decode kernels failed to run: decode steps run the modules")
+            state.trunk = None
+            self.fused_decode = False
 
     def _capture(self, stream, pool, fn):
         """Warm ``fn`` up on ``stream`` (kernels chosen, workspaces made), then capture it there."""
