@@ -325,16 +325,19 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
               "first window). One-piece / multi-piece: the input's pieces (X-ChatTTS-Pieces)."]
     loops = [row for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     if loops:  # the graph engine's own account of each level (engines.slots.LoopStats)
-        lines += ["", "| concurrency | decode steps/s | rows per step: first / voice / next / refine / idle | "
-                  "prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |", "|---|---|---|---|---|---|"]
+        lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
+                  "refine / idle | prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |",
+                  "|---|---|---|---|---|---|"]
         for row in loops:
             loop = row["engine_loop"]
             rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
-            lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} | {rows} | {loop['prefills_per_s']:.1f} "
+            lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} ({loop.get('substeps_per_s', 0):.1f}) "
+                         f"| {rows} | {loop['prefills_per_s']:.1f} "
                          f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
                          f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} |")
         lines += ["", "Engine loop: the graph engine's account while the level ran (`engine.loop_report_seconds`, "
-                  "merged by wall time): decode steps per second of work, each step's rows by stage and the free "
+                  "merged by wall time): decode steps per second of work (of them, first-audio substeps over the "
+                  "low slots of refine rows and voice passes), each step's rows by stage and the free "
                   "rows of its batch bucket, prefills and audio-window launches, and the share of the worker's "
                   "time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "

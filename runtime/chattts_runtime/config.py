@@ -102,6 +102,15 @@ class EngineSettings(_Strict):
         "as one matrix product each (9 launches a layer instead of ~44; the same arithmetic, rounded where "
         "the modules round); modules: the Llama modules, as the prefill runs them; auto: fused on CUDA when "
         "Triton is installed, else modules.")
+    first_audio_substeps: int = Field(
+        4, ge=0, le=16, description="Graph engine: the work that stands before a response's first audio "
+        "(refine-text rows, a long input's first-piece voice pass) takes the low slots and is stepped up to "
+        "this many extra times between two full decode steps, over those slots only; 0: never. How many "
+        "follows playing_realtime.")
+    playing_realtime: float = Field(
+        3.0, ge=1.0, le=100.0, description="Graph engine: the pace, as a multiple of real time, that full "
+        "decode steps (which every playing stream rides) keep: first-audio substeps are added while full "
+        "steps come faster than this, and taken away while they come slower.")
     next_piece_grace_seconds: float = Field(
         1.0, ge=0.0, le=60.0, description="Graph/reference engine: how long a later piece of a response that "
         "is already playing may wait for a slot behind other responses' first-audio work (refine-text, a "

@@ -231,3 +231,49 @@ def test_the_loop_reports_its_steps_rows_by_stage_and_gpu_wait(tiny_model, caplo
     assert reports, "no loop report was logged"
     assert sum(r["rows_per_step"]["first"] * r["steps_per_s"] * r["wall_s"] for r in reports) > 0
     assert all(r["rows_per_step"]["refine"] == 0 and 0 <= r["gpu_wait_share"] <= 1 for r in reports)
+
+
+def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_change_no_code(tiny_model):
+    """Voice-pass requests and refine-text jobs beside first pieces, with substeps on every full step (a pace
+    any full step keeps): the voice passes take the low slots and step more often than the others, and
+    every code and refine token is the reference's."""
+    from chattts_runtime.engines.refine import TextRefiner
+    from chattts_runtime.engines.schedule import Stage
+    from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling
+
+    def staged(model, i, text, params):
+        made = request(model, i, text, params)
+        made.stage = Stage.VOICE if i % 2 else Stage.FIRST
+        return made
+
+    # Long enough that contexts cross the first KV length bucket: a substep that lost count of its rows'
+    # positions would attend over too few columns.
+    params = SamplingParams(temperature=0, max_new_frames=120, min_new_frames=120)
+    refine = upstream_refine_sampling(temperature=0, max_new_frames=12)
+    refiner = TextRefiner(tiny_model, max_model_len=2048)
+    prompts = [refiner.prompt_ids(t, RefineParams()) for t in TEXTS[:3]]
+    reference, _ = asyncio.run(run_all(ReferenceEngine, tiny_model, TEXTS, params, concurrent=False))
+    refined = [refiner.generate(p, refine) for p in prompts]
+    engine = GraphEngine(tiny_model, max_num_seqs=16, pad_shapes=True, first_audio_substeps=2,
+                         playing_realtime=1e-9)
+
+    async def run():
+        await engine.start()
+        try:
+            async def one(i, text):
+                frames = []
+                async for chunk in engine.submit(staged(tiny_model, i, text, params)):
+                    frames.extend(chunk.codes.tolist())
+                return frames
+
+            with engine.requests.cond:  # all queued before the worker looks: they share steps from the start
+                streams = [one(i, t) for i, t in enumerate(TEXTS)]
+                texts = [engine.refine_text(f"t{i}", p, refine) for i, p in enumerate(prompts)]
+            return await asyncio.gather(*streams), await asyncio.gather(*texts)
+        finally:
+            await engine.stop()
+
+    codes, tokens = asyncio.run(run())
+    assert engine.substeps > 20 and engine.steps > engine.substeps
+    assert [c for c, _, _ in reference] == codes
+    assert tokens == refined

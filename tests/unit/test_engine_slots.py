@@ -12,6 +12,8 @@ from chattts_runtime.engines.schedule import Admission, Stage, Waiting, plan_adm
 from chattts_runtime.engines.slots import (
     STAGE_NAMES,
     LoopStats,
+    SubstepPace,
+    substep_bound,
     text_width,
     text_widths_for,
     FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
@@ -223,3 +225,54 @@ def test_the_text_head_takes_the_narrowest_captured_width_that_holds_the_refine_
     assert table.next_step(BATCH, LENGTH, 64, 4, [2, 4]).text_width == 2  # 1 refine row in a batch of 4
     table.release(2)
     assert table.next_step(BATCH, LENGTH, 64, 4, [2, 4]).text_width == 0  # no refine rows: not mixed
+
+
+def test_steady_work_keeps_above_the_low_slots_and_takes_them_only_when_nothing_else_is_free():
+    table = SlotTable(8)
+    assert [table.claim(above=4) for _ in range(4)] == [4, 5, 6, 7]
+    assert table.claim(above=4) == 0  # nothing free above: the lowest free one
+    assert table.claim() == 1
+    table.release(5)
+    assert table.claim(above=4) == 5 and table.claim(above=4) == 2
+
+
+def test_a_substep_covers_the_low_slots_only_and_must_hold_every_refine_row():
+    table = SlotTable(8)
+    table.occupy(np.array([0, 1]), [10, 3], text=False)
+    table.occupy(np.array([2]), [5], text=True)
+    table.occupy(np.array([6]), [40], text=False)
+    full = step(table)
+    assert full.batch == 8 and full.length == 64
+    sub = table.next_step(BATCH, LENGTH, 64, 4, below=4)
+    assert sub.slots.tolist() == [0, 1, 2] and sub.batch == 4 and sub.length == 16
+    assert sub.text.tolist() == [2] and sub.text_index is None  # the full step already wrote the index
+    with pytest.raises(ValueError, match="every refine row"):
+        table.next_step(BATCH, LENGTH, 64, 4, below=2)
+
+
+def test_substep_bound():
+    urgent = np.zeros(9, bool)
+    assert substep_bound(urgent, BATCH, 8) is None  # nothing to step
+    urgent[[0, 2]] = True
+    assert substep_bound(urgent, BATCH, 8) == 4
+    assert substep_bound(urgent, BATCH, 4) is None  # as wide as the full step: no gain
+    urgent[6] = True
+    assert substep_bound(urgent, BATCH, 8) is None
+
+
+def test_substeps_follow_the_pace_of_full_steps():
+    pace = SubstepPace(3, playing_realtime=2.0, frames_per_second=50.0)  # full steps at most 10 ms apart
+    assert pace.budget == pytest.approx(0.01)
+    counts = [pace.full_step(t * 0.004, urgent=True) for t in range(5)]  # 4 ms apart: room for more
+    assert counts == [0, 1, 2, 3, 3]
+    counts = [pace.full_step(0.016 + t * 0.02, urgent=True) for t in range(1, 12)]  # 20 ms apart: fewer
+    assert counts[-1] == 0 and counts == sorted(counts, reverse=True)
+    assert pace.full_step(1.0, urgent=False) == 0
+    before = pace.interval
+    pace.idle()
+    pace.full_step(100.0, urgent=True)
+    assert pace.interval == before  # the idle gap is not a step's pace
+    never = SubstepPace(0, 3.0, 50.0)
+    assert [never.full_step(t * 0.001, urgent=True) for t in range(5)] == [0] * 5
+    with pytest.raises(ValueError):
+        SubstepPace(2, 0.0, 50.0)

@@ -20,6 +20,8 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
                           decode_attention=config.engine.decode_attention,
                           decode_kernels=config.engine.decode_kernels,
+                          first_audio_substeps=config.engine.first_audio_substeps,
+                          playing_realtime=config.engine.playing_realtime,
                           stats_interval=config.engine.loop_report_seconds)
         if separate_engine_process(config, model.device.type):
             from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415

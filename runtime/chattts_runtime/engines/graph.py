@@ -67,8 +67,9 @@ from chattts_runtime.engines.graph_steps import (
 from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Stage, Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
-    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket,
-    text_widths_for)
+    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, SubstepPace, TextJob, bucket_sizes, gather_open,
+    pick_bucket, substep_bound, text_widths_for)
+from chattts_runtime.model.config import SAMPLE_RATE
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
 
@@ -156,13 +157,18 @@ class GraphEngine(Engine):
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
                  refine_rows: int = 64, next_piece_grace: float = 1.0, stats_interval: float | None = 10.0,
-                 decode_kernels: str = "auto"):
+                 decode_kernels: str = "auto", first_audio_substeps: int = 4, playing_realtime: float = 3.0):
         if next_piece_grace < 0:
             raise ValueError("next_piece_grace must be >= 0")
         # Every stats_interval seconds of work, one log line of where the rows and the worker's time went
         # (engines.slots.LoopStats); None: never.
         self.stats_interval = stats_interval
         self._stats = LoopStats()
+        # First-audio substeps: refine rows and voice passes take the low slots (the first
+        # first_audio_slots are kept for them while they run) and are stepped again, between full steps,
+        # as often as keeps full steps at playing_realtime x real time (engines.slots.SubstepPace).
+        self._pace = SubstepPace(first_audio_substeps, playing_realtime, SAMPLE_RATE / model.sizes.samples_per_frame)
+        self.first_audio_slots = min(32, max(1, max_num_seqs // 4))
         self.model = model
         # How long a later piece of a playing response may wait behind others' first-audio work.
         self.next_piece_grace = next_piece_grace
@@ -173,7 +179,7 @@ class GraphEngine(Engine):
         self._eos = model.sizes.gpt.audio_eos
         self.requests = RequestPlumbing(max_waiting=max_waiting, num_vq=model.sizes.gpt.num_vq,
                                         request_id=lambda seq: seq.request.request_id)
-        self.steps = 0
+        self.steps = self.substeps = 0  # decode steps launched (substeps: first-audio substeps among them)
         if emit_frames < 1:
             raise ValueError("emit_frames must be >= 1")
         if prefill_rows < 1 or audio_rows < 1:
@@ -294,6 +300,7 @@ class GraphEngine(Engine):
                 "decode_attention": ("padded" if self.ragged_from is None
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "decode_kernels": "fused" if self.fused_decode else "modules",
+                "first_audio_substeps": self._pace.most,
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
@@ -465,7 +472,9 @@ class GraphEngine(Engine):
                     for first in range(0, len(admitted), self.prefill_rows):
                         launched.append((False, self._prefill(admitted[first:first + self.prefill_rows])))
                     if self._running or refine.running:
-                        launched.extend(self._launch_step())
+                        launched.extend(self._launch_steps())
+                    else:
+                        self._pace.idle()
                     # Read the previous iteration's codes while the GPU runs this one.
                     for text, out in in_flight:
                         self._accept_text(out) if text else self._accept(out, events, windows)
@@ -568,12 +577,20 @@ class GraphEngine(Engine):
 
     # -- prefill -------------------------------------------------------------------------------
 
+    def _urgent_slots(self) -> np.ndarray:
+        """The slots a first-audio substep steps: refine rows and first-piece voice passes."""
+        return self._slots.text | (self._slots.audio & (self._stage_of == _STAGE_INDEX["voice"]))
+
     def _prefill(self, slotted: list[_Slotted]) -> _Output:
         now = time.monotonic()
         state = self._state
-        for seq in slotted:
+        # While first-audio work runs or waits, other streams keep out of the low slots it steps in.
+        keep_low = bool(self._urgent_slots().any() or self._refine.waiting
+                        or any(s.request.stage == Stage.VOICE for s in slotted))
+        for seq in sorted(slotted, key=lambda s: s.request.stage != Stage.VOICE):  # voice passes claim first
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
-            seq.slot = self._slots.claim()
+            urgent = seq.request.stage == Stage.VOICE
+            seq.slot = self._slots.claim(0 if urgent or not keep_low else self.first_audio_slots)
             self._stage_of[seq.slot] = _STAGE_INDEX[Stage(seq.request.stage).value]
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
@@ -697,13 +714,25 @@ class GraphEngine(Engine):
 
     # -- decode steps ----------------------------------------------------------------------------
 
-    def _launch_step(self) -> list[tuple[bool, _Output]]:
-        """One decode step over every occupied slot, audio and refine-text rows together, at the smallest
-        captured (batch, length) bucket that holds them: replayed when captured, else run eagerly.
-        Returns (is refine-text, output) for each kind present; both read the same codes."""
+    def _launch_steps(self) -> list[tuple[bool, _Output]]:
+        """A full decode step, then the first-audio substeps its pace allows (``engines.slots.SubstepPace``)
+        over the low slots that refine rows and voice passes hold; every output in launch order."""
+        launched, batch = self._launch_step()
+        urgent = self._urgent_slots()
+        count = self._pace.full_step(time.monotonic(), bool(urgent.any()))
+        bound = substep_bound(urgent, self.batch_buckets, batch) if count else None
+        for _ in range(count if bound else 0):
+            launched.extend(self._launch_step(bound)[0])
+        return launched
+
+    def _launch_step(self, below: int | None = None) -> tuple[list[tuple[bool, _Output]], int]:
+        """One decode step over every occupied slot (``below``: those under it, a first-audio substep), audio
+        and refine-text rows together, at the smallest captured (batch, length) bucket that holds them:
+        replayed when captured, else run eagerly. Returns (is refine-text, output) for each kind present
+        (both read the same codes), and the step's batch bucket."""
         state = self._state
         plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows,
-                                     self.text_widths)
+                                     self.text_widths, below)
         slots, batch, length, mixed = plan.slots, plan.batch, plan.length, plan.mixed
         if plan.text_index is not None:
             self._to_device(state.text_index, plan.text_index)
@@ -714,12 +743,13 @@ class GraphEngine(Engine):
             decode_step(self.model.gpt, state, batch, length, self._eos, self._refine_end if mixed else None,
                         self._ragged(batch), plan.text_width or None)
         self.steps += 1
+        self.substeps += below is not None
         self.observer.on_step(len(slots))
         self._slots.stepped(slots)
         audio, text = plan.audio, plan.text
         stage_rows = np.bincount(self._stage_of[audio], minlength=len(STAGE_NAMES))
         stage_rows[_STAGE_INDEX["refine"]] = len(text)
-        self._stats.step(batch, stage_rows)
+        self._stats.step(batch, stage_rows, substep=below is not None)
         want_hidden = bool(self._frames.want_hidden[audio].any())
         codes = self._to_host(state.codes[:batch])
         hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
@@ -729,7 +759,7 @@ class GraphEngine(Engine):
             outputs.append((False, _Output(audio, self._slots.epoch[audio].copy(), audio, codes, hidden, ready)))
         if len(text):
             outputs.append((True, _Output(text, self._slots.epoch[text].copy(), text, codes, None, ready)))
-        return outputs
+        return outputs, batch
 
     def _accept(self, out: _Output, events: list[tuple[str, FrameChunk]], windows: list[_Window]) -> None:
         """One step's codes for all its slots at once; Python only for slots with a chunk due or an end."""

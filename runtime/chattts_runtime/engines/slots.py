@@ -11,13 +11,16 @@ graph engine's worker reasons about between two launches (``engines.graph``; the
 * :func:`gather_open`: whether waiting audio may be prefilled now or gathered a little longer;
 * :class:`FrameBook` and :class:`RefineBook`: what one step's output means per slot (a frame
   kept, a chunk due, a stream or a refine job at its end);
+* :func:`substep_bound` and :class:`SubstepPace`: the first-audio substeps (the low slots that refine
+  rows and voice passes take, stepped again between full steps while playing streams stay ahead of
+  real time);
 * :class:`LoopStats`: where the worker's time and the steps' rows went (logged periodically: the
   per-part account a benchmark reads beside its latencies).
 """
 from __future__ import annotations
 
+import bisect
 import collections
-import heapq
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -100,7 +103,7 @@ class SlotTable:
         self.text = np.zeros(total, bool)  # holds a refine-text job
         self.epoch = np.zeros(total, np.int64)  # bumped at every prefill into the slot, whichever kind
         self.position = np.zeros(total, np.int64)  # position id of the slot's next input, as launched
-        self._free = list(range(slots))  # a heap
+        self._free = list(range(slots))  # ascending
         self._text_changed = True
 
     @property
@@ -111,11 +114,14 @@ class SlotTable:
     def busy(self) -> bool:
         return bool(self.audio.any() or self.text.any())
 
-    def claim(self) -> int:
-        """The lowest free slot: a step covers slots up to the highest one held, so low slots keep it small."""
+    def claim(self, above: int = 0) -> int:
+        """The lowest free slot from ``above`` on, else the lowest free one: a step covers slots up to the
+        highest one held, so low slots keep it small; ``above`` keeps the slots below it for the work a
+        first-audio substep covers (:func:`substep_bound`)."""
         if not self._free:
             raise RuntimeError("no free slot")
-        return heapq.heappop(self._free)
+        at = bisect.bisect_left(self._free, above)
+        return self._free.pop(at if at < len(self._free) else 0)
 
     def occupy(self, slots: np.ndarray, positions, *, text: bool) -> np.ndarray:
         """Claimed ``slots`` now hold newcomers of one kind whose next inputs sit at ``positions``; returns
@@ -132,18 +138,23 @@ class SlotTable:
         if self.text[slot]:
             self._text_changed = True
         self.audio[slot] = self.text[slot] = False
-        heapq.heappush(self._free, slot)
+        bisect.insort(self._free, slot)
 
     def live(self, slots: np.ndarray, epochs: np.ndarray, *, text: bool) -> np.ndarray:
         """Which of ``slots`` still hold the occupant of kind ``text`` that a launch at ``epochs`` stepped."""
         return (self.text if text else self.audio)[slots] & (self.epoch[slots] == epochs)
 
     def next_step(self, batch_buckets: list[int], length_buckets: list[int], max_len: int,
-                  text_rows: int, text_widths: list[int] | None = None) -> StepPlan:
+                  text_rows: int, text_widths: list[int] | None = None, below: int | None = None) -> StepPlan:
         """The decode step over every occupied slot at the smallest buckets that hold them (call when
         ``busy``); ``text_rows``: the size of the text-head index; ``text_widths``: the widths its text
-        head is captured at (default: ``text_rows`` alone), the smallest that holds the refine rows taken."""
-        slots = np.flatnonzero(self.audio | self.text)
+        head is captured at (default: ``text_rows`` alone), the smallest that holds the refine rows taken.
+        ``below``: a step over the occupied slots under it only (a first-audio substep: it must hold every
+        refine row, whose text-head index is shared by all steps)."""
+        occupied = self.audio | self.text
+        slots = np.flatnonzero(occupied if below is None else occupied[:below])
+        if below is not None and self.text[below:].any():
+            raise ValueError("a step below a slot must hold every refine row")
         batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
         need = min(int(self.position[slots].max()), max_len - 1) + 1
         text = slots[self.text[slots]]
@@ -166,6 +177,54 @@ class SlotTable:
         self.text[:] = False
         self._free = list(range(self.slots))
         self._text_changed = True
+
+
+def substep_bound(urgent: np.ndarray, batch_buckets: list[int], full_batch: int) -> int | None:
+    """The batch bucket of a first-audio substep over the slots flagged ``urgent`` (every refine row and
+    voice pass): the smallest that holds them, or None when there are none or it would cover more than
+    half of the full step's ``full_batch`` (a substep as wide as the step saves nothing)."""
+    held = np.flatnonzero(urgent)
+    if not len(held):
+        return None
+    bound = pick_bucket(batch_buckets, int(held[-1]) + 1)
+    return bound if 2 * bound <= full_batch else None
+
+
+class SubstepPace:
+    """How many first-audio substeps go with each full decode step, kept so that full steps, which every
+    playing stream rides, still come at ``playing_realtime`` times real time (``frames_per_second`` of
+    audio frames): one more while full steps come faster than that, one fewer while slower (at most
+    ``most``; none when ``most`` is 0). A playing stream's listener has its audio buffered ahead, so the
+    rows that stand between a response and its first audio may step more often while that holds."""
+
+    def __init__(self, most: int, playing_realtime: float, frames_per_second: float, smoothing: float = 0.2):
+        if most < 0 or playing_realtime <= 0:
+            raise ValueError("substeps must be >= 0 and the playing streams' real-time factor > 0")
+        self.most = most
+        self.budget = 1.0 / (playing_realtime * frames_per_second)  # seconds between full steps, at most
+        self.smoothing = smoothing
+        self.count = 0
+        self.interval: float | None = None  # smoothed seconds between full steps
+        self._last: float | None = None
+
+    def full_step(self, now: float, urgent: bool) -> int:
+        """A full step is launched at ``now``; returns the substeps to launch after it (``urgent``: there
+        are rows to step)."""
+        if self._last is not None:
+            gap = now - self._last
+            self.interval = gap if self.interval is None else self.interval + self.smoothing * (gap - self.interval)
+        self._last = now
+        if self.most == 0 or not urgent:
+            return 0
+        if self.interval is not None and self.interval < self.budget:
+            self.count = min(self.count + 1, self.most)
+        elif self.interval is not None and self.interval > self.budget:
+            self.count = max(self.count - 1, 0)
+        return self.count
+
+    def idle(self) -> None:
+        """The engine ran out of work: the gap until its next step is not a step's pace."""
+        self._last = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +337,7 @@ class LoopStats:
 
     def reset(self) -> None:
         self.began = self._clock()
-        self.steps = 0
+        self.steps = self.substeps = 0
         self.bucket_rows = 0
         self.rows = np.zeros(len(STAGE_NAMES), np.int64)
         self.prefills = self.prefill_rows = 0
@@ -286,9 +345,11 @@ class LoopStats:
         self.gpu_wait = 0.0
         self.idle = 0.0
 
-    def step(self, batch: int, stage_rows: np.ndarray) -> None:
-        """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``."""
+    def step(self, batch: int, stage_rows: np.ndarray, substep: bool = False) -> None:
+        """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``
+        (``substep``: a first-audio substep, counted among the steps and on its own)."""
         self.steps += 1
+        self.substeps += substep
         self.bucket_rows += batch
         self.rows += stage_rows
 
@@ -313,7 +374,7 @@ class LoopStats:
         wall = max(elapsed - self.idle, 1e-9)  # seconds of work
         steps = max(self.steps, 1)
         out = {"wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
-               "steps_per_s": round(self.steps / wall, 1),
+               "steps_per_s": round(self.steps / wall, 1), "substeps_per_s": round(self.substeps / wall, 1),
                "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
                "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
                "prefills_per_s": round(self.prefills / wall, 1),
