@@ -103,6 +103,16 @@ def mixed_requests(count: int = 64) -> list[dict]:
     return out
 
 
+def engine_setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--engine-setting``: the value read as YAML (numbers, booleans, null, strings)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
+
+
 def bench_checkpoint(size: str):
     """The benchmark's random checkpoint of ``size`` under bench/results/tmp, and its GPT sizes."""
     from chattts_runtime.model.config import load_model_sizes
@@ -116,7 +126,7 @@ def bench_checkpoint(size: str):
 def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, *,
                     engine: str = "reference", max_model_len: int = 4096, refine: bool = False,
                     audio_decoder: str = "dvae", voice_from_first_piece: bool | str | None = None,
-                    vllm: dict | None = None) -> dict:
+                    vllm: dict | None = None, engine_overrides: dict | None = None) -> dict:
     """The benchmark server's runtime config (the YAML's shape; ``launch`` validates it). ``None`` leaves a
     field at the runtime's default (it is then not written at all)."""
     text = {"frames_per_text_token": 4.0}
@@ -129,6 +139,7 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
         engine_settings["loop_report_seconds"] = 2.0 if device == "cuda" else 0.25
     if engine == "vllm":  # its own knobs (``vllm``: enforce_eager, enable_prefix_caching, kv_cache_dtype, ...)
         engine_settings.update({"dtype": "bfloat16" if device == "cuda" else "float32", **(vllm or {})})
+    engine_settings.update(engine_overrides or {})  # --engine-setting: checked by the runtime's config model
     return {
         "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
         "engine": engine_settings,
@@ -371,6 +382,7 @@ async def main_async(args) -> dict:
                              engine=args.engine, max_model_len=args.max_model_len, refine=args.refine == "on",
                              audio_decoder=args.audio_decoder,
                              voice_from_first_piece=VOICE_CHOICES[args.voice_from_first_piece],
+                             engine_overrides=dict(args.engine_setting),
                              **({"vllm": vllm_settings(args)} if args.engine == "vllm" else {}))
     texts = mixed_requests() if args.mixed else BENCH_TEXTS
     try:
@@ -414,6 +426,7 @@ async def main_async(args) -> dict:
                    "voice_from_first_piece": args.voice_from_first_piece,
                    "vllm": vllm_settings(args) if args.engine == "vllm" else None,
                    "max_num_seqs": args.max_num_seqs or max(levels),
+                   "engine_settings": dict(args.engine_setting),
                    "runtime": str(args.runtime) if args.runtime else "this tree",
                    "model": f"GPT hidden {g.hidden_size}, {g.num_hidden_layers} layers, {g.num_attention_heads} heads"},
         "environment": environment(args.device, client_lib),
@@ -483,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-lib", default="auto", choices=("auto", *loadgen.CLIENT_LIBS),
                    help="HTTP client of the load generator (auto: aiohttp if installed, else httpx)")
     p.add_argument("--tag", default=None, help="file name tag (default: <device>-<date>)")
+    p.add_argument("--engine-setting", action="append", default=[], type=engine_setting, metavar="KEY=VALUE",
+                   help="one more engine.KEY of the server's config (a YAML value), e.g. first_audio_substeps=0; "
+                        "repeatable: an A/B of one setting within one tree")
     args = p.parse_args(argv)
     if args.client_procs is not None and args.client_procs < 1:
         p.error(f"--client-procs must be >= 1, got {args.client_procs}")

@@ -65,7 +65,8 @@ def test_the_gpu_script_refuses_a_typo_before_it_runs_anything(tmp_path):
 def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_path):
     _run([sys.executable, "-m", "bench.runtime", "--device", "cpu", "--size", "tiny", "--mixed", "--frames", "64",
           "--refine", "on", "--audio-decoder", "decoder", "--concurrency", "2", "--sequential", "1", "--rounds", "1",
-          "--engine", "graph", "--max-model-len", "1024", "--tag", "cpu-parts"], tmp_path, timeout=900)
+          "--engine", "graph", "--max-model-len", "1024", "--tag", "cpu-parts",
+          "--engine-setting", "first_audio_substeps=2", "--engine-setting", "playing_realtime=1.5"], tmp_path, timeout=900)
     report = json.loads((tmp_path / "results" / "runtime-cpu-parts.json").read_text())
     level = report["levels"][-1]
     assert level["ttfa_by_class"], level
@@ -74,7 +75,20 @@ def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_pat
     # The graph engine's loop account reaches the report (every 0.25 s of work on CPU; a level runs for seconds).
     loops = [row["engine_loop"] for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     assert loops and all(sum(loop["rows_per_step"].values()) > 0 for loop in loops), loops
-    assert "| concurrency | decode steps/s |" in (tmp_path / "results" / "runtime-cpu-parts.md").read_text()
+    assert all("substeps_per_s" in loop for loop in loops), loops
+    assert "| concurrency | decode steps/s (first-audio substeps) |" in (
+        tmp_path / "results" / "runtime-cpu-parts.md").read_text()
+    assert report["params"]["engine_settings"] == {"first_audio_substeps": 2, "playing_realtime": 1.5}
+
+
+def test_an_engine_setting_the_runtime_refuses_stops_the_benchmark_before_it_serves(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.runtime", "--device", "cpu", "--size", "tiny", "--engine", "graph",
+                           "--concurrency", "1", "--engine-setting", "first_audio_substeps=-1"],
+                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "first_audio_substeps" in proc.stderr, proc.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "-m", "bench.runtime", "--engine-setting", "no-equals-sign"],
+                         cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
 
 
 CPU_COMMANDS = {

@@ -191,6 +191,8 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 6 of a bucket of 8
     rows.update(first=0, next=4)
     stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 7 of 8
+    stats.step(2, np.array([0, 2, 0, 0]), substep=True)  # a first-audio substep over the low slots
+    stats.substep_too_wide()
     stats.prefill(3)
     stats.prefill(1)
     stats.audio(5)
@@ -199,9 +201,9 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     now[0] += 3.0
     report = stats.report()
     assert (report["wall_s"], report["busy_share"]) == (2.0, 0.667)
-    assert report["steps_per_s"] == 1.0
-    assert report["rows_per_step"] == {"first": 1.5, "voice": 2.0, "next": 2.0, "refine": 1.0}
-    assert report["idle_rows_per_step"] == 1.5
+    assert (report["steps_per_s"], report["substeps_per_s"], report["substeps_too_wide_per_s"]) == (1.5, 0.5, 0.5)
+    assert report["rows_per_step"] == {"first": 1.0, "voice": 2.0, "next": 1.3, "refine": 0.7}
+    assert report["idle_rows_per_step"] == 1.0
     assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
     assert (report["audio_launches_per_s"], report["rows_per_audio_launch"]) == (0.5, 5.0)
     assert report["gpu_wait_share"] == 0.25

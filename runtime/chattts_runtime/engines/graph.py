@@ -721,6 +721,8 @@ class GraphEngine(Engine):
         urgent = self._urgent_slots()
         count = self._pace.full_step(time.monotonic(), bool(urgent.any()))
         bound = substep_bound(urgent, self.batch_buckets, batch) if count else None
+        if count and bound is None:
+            self._stats.substep_too_wide()
         for _ in range(count if bound else 0):
             launched.extend(self._launch_step(bound)[0])
         return launched

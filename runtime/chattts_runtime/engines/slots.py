@@ -338,6 +338,7 @@ class LoopStats:
     def reset(self) -> None:
         self.began = self._clock()
         self.steps = self.substeps = 0
+        self.substeps_too_wide = 0  # full steps whose pace allowed substeps, but the first-audio rows spread too wide
         self.bucket_rows = 0
         self.rows = np.zeros(len(STAGE_NAMES), np.int64)
         self.prefills = self.prefill_rows = 0
@@ -352,6 +353,10 @@ class LoopStats:
         self.substeps += substep
         self.bucket_rows += batch
         self.rows += stage_rows
+
+    def substep_too_wide(self) -> None:
+        """Substeps were due after a full step, but the first-audio rows' bound was over half of it."""
+        self.substeps_too_wide += 1
 
     def prefill(self, rows: int) -> None:
         self.prefills += 1
@@ -375,6 +380,7 @@ class LoopStats:
         steps = max(self.steps, 1)
         out = {"wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
                "steps_per_s": round(self.steps / wall, 1), "substeps_per_s": round(self.substeps / wall, 1),
+               "substeps_too_wide_per_s": round(self.substeps_too_wide / wall, 1),
                "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
                "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
                "prefills_per_s": round(self.prefills / wall, 1),
