@@ -38,6 +38,12 @@ prefill, sampling and windowing logic served on the GPU. Greedy output equals th
 reference engine's; sampled output is reproducible per seed here but uses other random
 draws than the reference (a device-side hash instead of a CPU generator per request).
 
+On CUDA a decode step's trunk runs through ``engines.fused`` (9 launches a layer instead of ~44:
+the step was bound by its launches). The rows that stand before a response's first audio (refine
+rows, first-piece voice passes) take the low slots and get *first-audio substeps*: after a full
+step, up to ``first_audio_substeps`` more steps over those slots only, as many as keep full steps,
+which every playing stream rides, at ``playing_realtime`` times real time.
+
 Where the parts live: the device buffers and the captured steps in ``engines.graph_steps``;
 the host-side decisions (which slot a newcomer takes, which slots the next step covers at
 which buckets, what a step's output means per slot) in the pure ``engines.slots``, with
