@@ -185,47 +185,33 @@ def main() -> int:
     report["decode_attention"] = engine.describe()["decode_attention"]
     report["step_ms"] = steps
 
-    # The ragged kernel against masked SDPA on the same inputs: one eager step each from the same state.
-    if engine.ragged_from is not None:
+    def one_step_each(variants) -> dict:
+        """One eager 256 x 1,024 step per variant (name -> (ragged, trunk)) from the same state: how far the
+        second variant's hidden states and greedy codes are from the first's."""
+        batch, length = 256, 1024
+        start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)
+        saved = {k: getattr(state, k).clone() for k in ("codes", "position", "generated", "history")}
+        trunk, hidden = state.trunk, []
         with torch.inference_mode():
-            batch, length = 256, 1024
-            start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)
-            saved = {k: getattr(state, k).clone() for k in ("codes", "position", "generated", "history")}
-            hidden = {}
-            for ragged in (False, True):
-                for k, v in saved.items():
-                    getattr(state, k).copy_(v)
-                state.position[:batch] = start
-                decode_step(model.gpt, state, batch, length, eos, None, ragged)
-                hidden[ragged] = state.hidden[:batch].float().clone()
-            diff = (hidden[True] - hidden[False]).abs().max().item()
-            scale = hidden[False].abs().max().item()
-            logits = [state.code_logits(hidden[k].to(model.gpt.dtype)).argmax(-1) for k in (False, True)]
-            report["ragged_vs_sdpa_256x1024"] = {
-                "max_abs_hidden_diff": diff, "max_abs_hidden": scale,
-                "greedy_codes_equal": f"{int((logits[0] == logits[1]).sum())}/{logits[0].numel()}"}
-
-    # The fused trunk against the modules on the same inputs: one eager step each from the same state.
-    if state.trunk is not None:
-        with torch.inference_mode():
-            batch, length = 256, 1024
-            start = torch.randint(32, length, (batch,), generator=generator).to(state.position.device)
-            saved = {k: getattr(state, k).clone() for k in ("codes", "position", "generated", "history")}
-            hidden = {}
-            trunk = state.trunk
-            for name, use in (("modules", None), ("fused", trunk)):
+            for ragged, use in variants.values():
                 for k, v in saved.items():
                     getattr(state, k).copy_(v)
                 state.position[:batch] = start
                 state.trunk = use
-                decode_step(model.gpt, state, batch, length, eos, None, engine._ragged(batch))
-                hidden[name] = state.hidden[:batch].float().clone()
+                decode_step(model.gpt, state, batch, length, eos, None, ragged)
+                hidden.append(state.hidden[:batch].float().clone())
             state.trunk = trunk
-            logits = [state.code_logits(hidden[k].to(model.gpt.dtype)).argmax(-1) for k in ("modules", "fused")]
-            report["fused_vs_modules_256x1024"] = {
-                "max_abs_hidden_diff": (hidden["fused"] - hidden["modules"]).abs().max().item(),
-                "max_abs_hidden": hidden["modules"].abs().max().item(),
-                "greedy_codes_equal": f"{int((logits[0] == logits[1]).sum())}/{logits[0].numel()}"}
+            codes = [state.code_logits(h.to(model.gpt.dtype)).argmax(-1) for h in hidden]
+        return {"max_abs_hidden_diff": (hidden[1] - hidden[0]).abs().max().item(),
+                "max_abs_hidden": hidden[0].abs().max().item(),
+                "greedy_codes_equal": f"{int((codes[0] == codes[1]).sum())}/{codes[0].numel()}"}
+
+    # The ragged kernel against masked SDPA, and the fused trunk against the modules, on the same inputs.
+    if engine.ragged_from is not None:
+        report["ragged_vs_sdpa_256x1024"] = one_step_each({"sdpa": (False, state.trunk), "ragged": (True, state.trunk)})
+    if state.trunk is not None:
+        report["fused_vs_modules_256x1024"] = one_step_each({"modules": (engine._ragged(256), None),
+                                                             "fused": (engine._ragged(256), state.trunk)})
 
     def median_ms(fn, stream=None, runs=30) -> float:
         stream = stream or torch.cuda.current_stream()
