@@ -26,10 +26,6 @@ from typing import IO, Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# The graph engine's Triton kernels run on CPU in Triton's interpreter (tests/runtime/test_graph_engine_fused.py).
-# Triton reads this when it is imported (its own library kernels are decorated then), so it is set before anything
-# can import it; nothing else runs Triton on CPU, and the GPU paths check for CUDA first.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 # Also on pytest's pythonpath (pyproject); repeated for runs from another rootdir.
 if str(REPO / "hack" / "cluster") not in sys.path:
     sys.path.insert(0, str(REPO / "hack" / "cluster"))

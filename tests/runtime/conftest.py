@@ -15,6 +15,11 @@ from typing import Any, Callable
 
 import pytest
 
+# The graph engine's Triton kernels run on CPU in Triton's interpreter (test_graph_engine_fused.py). Triton reads
+# this when it is imported (its own library kernels are decorated then), so it is set when this tier is collected,
+# before any test runs; only this tier's session gets it (the vLLM tier's venv has a Triton of its own).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 pytest.importorskip("torch", reason="the runtime tier needs torch (runtime extra)")
 httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
