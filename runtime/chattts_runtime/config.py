@@ -111,6 +111,22 @@ class EngineSettings(_Strict):
         3.0, ge=1.0, le=100.0, description="Graph engine: the pace, as a multiple of real time, that full "
         "decode steps (which every playing stream rides) keep: first-audio substeps are added while full "
         "steps come faster than this, and taken away while they come slower.")
+    decode_priority: Literal["high", "normal"] = Field(
+        "high", description="Graph engine on CUDA: its decode steps and prefills run on a stream of the device's "
+        "highest priority and the audio windows on one of the lowest, so the step every stream waits for is "
+        "not held up by audio that its listener has buffered ahead; normal: both at the default priority.")
+    admit_interval_ms: float | None = Field(
+        None, ge=0.0, le=1000.0, description="Graph engine: while others decode, newcomers are gathered for up "
+        "to this long and prefilled together (each prefill is one more launch on every stream's critical "
+        "path); an idle engine admits at once. null: 20 on CUDA, 0 on CPU.")
+    audio_batch_rows: int = Field(
+        16, ge=1, le=64, description="Graph engine: an audio window of a stream whose listener has 0.3 s or "
+        "more of audio buffered ahead (not its first or last window) may wait up to audio_hold_ms for others "
+        "of its shape, so that up to this many decode in one launch (a launch costs about as much at one "
+        "window as at eight); 1: every window is decoded as soon as it is due. The audio is the same.")
+    audio_hold_ms: float = Field(
+        30.0, ge=0.0, le=500.0, description="Graph engine: the longest an audio window waits for others of "
+        "its shape (audio_batch_rows); 0: none waits.")
     next_piece_grace_seconds: float = Field(
         1.0, ge=0.0, le=60.0, description="Graph/reference engine: how long a later piece of a response that "
         "is already playing may wait for a slot behind other responses' first-audio work (refine-text, a "

@@ -121,6 +121,58 @@ def test_engine_audio_equals_the_reference_engine_through_the_api_decoder(tiny_m
     assert len(shapes_seen) > 2  # streams of several lengths: regular and irregular final windows
 
 
+async def _two_waves(model, texts, params, *, hidden: bool, **engine_kw):
+    """Half the streams, then (once the first has audio) the other half: their windows fall due in different
+    iterations. Returns each stream's chunks and the engine."""
+    engine = GraphEngine(model, observer=Recorder(), stats_interval=None, **engine_kw)
+    await engine.start()
+    first_audio = asyncio.Event()
+
+    async def one(i, text):
+        req = dataclasses.replace(request(model, i, text, params), want_audio=True, want_hidden=hidden)
+        chunks = []
+        async for chunk in engine.submit(req):
+            chunks.append(chunk)
+            if chunk.audio is not None and len(chunk.audio):
+                first_audio.set()
+        return chunks
+
+    try:
+        half = len(texts) // 2
+        early = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(texts[:half])]
+        await first_audio.wait()
+        late = [asyncio.ensure_future(one(half + i, t)) for i, t in enumerate(texts[half:])]
+        return await asyncio.gather(*early, *late), engine
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("path", ["dvae", "decoder"])
+def test_windows_held_for_a_fuller_launch_give_the_same_chunks_in_the_same_order(tiny_model, path):
+    """Windows that wait for others of their shape (every middle window here: any lead will do, and the hold
+    never runs out) are decoded several to a launch, and each stream still gets the same chunks, in order,
+    as when every window is decoded once due."""
+    windows = StreamWindows(chunk_frames=4, context_frames=4)
+    params = SamplingParams(temperature=0.3, seed=7, max_new_frames=40, min_new_frames=20)
+    kw = dict(hidden=path == "decoder", windows=windows, max_num_seqs=8, pad_shapes=True, audio_rows=8)
+    plain, plain_engine = asyncio.run(_two_waves(tiny_model, TEXTS[:6], params, audio_batch_rows=1, **kw))
+    held, held_engine = asyncio.run(_two_waves(tiny_model, TEXTS[:6], params, audio_batch_rows=8, audio_hold=60.0,
+                                               audio_min_lead=-1e9, **kw))
+    for a, b in zip(plain, held):
+        assert np.array_equal(np.concatenate([c.codes for c in a]), np.concatenate([c.codes for c in b]))
+        assert a[-1].finish_reason == b[-1].finish_reason and b[-1].finished
+        audio_a = [c.audio for c in a if c.audio is not None and len(c.audio)]
+        audio_b = [c.audio for c in b if c.audio is not None and len(c.audio)]
+        assert [len(x) for x in audio_a] == [len(x) for x in audio_b]
+        for x, y in zip(audio_a, audio_b):
+            np.testing.assert_allclose(y, x, rtol=0, atol=1e-5)
+    plain_stats, held_stats = plain_engine._stats, held_engine._stats
+    assert held_stats.audio_rows == plain_stats.audio_rows  # the same windows...
+    assert held_stats.audio_launches < plain_stats.audio_launches  # ... in fewer launches
+    assert len(held_engine._hold) == 0 and held_engine.describe()["audio_batch_rows"] == 8
+    assert held_engine._slots.free == 8 and not held_engine._slots.draining.any()  # every slot back
+
+
 def test_first_audio_chunk_is_the_short_window(tiny_model):
     windows = StreamWindows(chunk_frames=24)
     params = SamplingParams(temperature=0.3, seed=1, max_new_frames=100, min_new_frames=100)
@@ -147,3 +199,22 @@ def test_decoder_audio_needs_a_checkpoint_with_a_decoder(tiny_model):
             await engine.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_runtime_config_sets_the_window_batching_and_the_admission_gathering(tiny_model):
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.engines.factory import create_engine
+
+    config = RuntimeConfig.model_validate({"engine_kind": "graph", "engine": {
+        "process": "same", "audio_batch_rows": 8, "audio_hold_ms": 45, "admit_interval_ms": 50,
+        "decode_priority": "normal"}})
+    engine = create_engine(config, tiny_model, Recorder())
+    assert (engine._hold.rows, engine._hold.hold, engine.admit_interval) == (8, 0.045, 0.05)
+    assert engine.describe()["decode_priority"] == "normal"
+    engine = create_engine(RuntimeConfig.model_validate({"engine_kind": "graph", "engine": {"process": "same"}}),
+                           tiny_model, Recorder())
+    assert (engine._hold.rows, engine._hold.hold, engine.admit_interval) == (16, 0.03, 0.0)  # the defaults, on CPU
+    for bad in ({"audio_batch_rows": 0}, {"audio_batch_rows": 65}, {"audio_hold_ms": -1}, {"admit_interval_ms": -5},
+                {"decode_priority": "fast"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RuntimeConfig.model_validate({"engine": bad})

@@ -16,7 +16,7 @@ from chattts_runtime.engines.slots import (
     substep_bound,
     text_width,
     text_widths_for,
-    FrameBook, RefineBook, SlotTable, TextJob, bucket_sizes, gather_open, pick_bucket)
+    FrameBook, RefineBook, SlotTable, TextJob, WindowHold, bucket_sizes, gather_open, pick_bucket)
 
 BATCH = bucket_sizes(8)  # [1, 2, 4, 8]
 LENGTH = bucket_sizes(64, smallest=16)  # [16, 32, 64]
@@ -97,6 +97,26 @@ def test_an_aborted_slot_reused_before_its_launch_is_read_makes_that_launch_stal
     assert not table.live(again, launched, text=False).any() and table.live(again, now, text=False).all()
     # ... nor is it a refine row's.
     assert not table.live(again, now, text=True).any()
+
+
+def test_a_slot_whose_audio_is_still_decoding_drains_before_anyone_takes_it():
+    table = SlotTable(2)
+    ended, other = table.claim(), table.claim()
+    table.occupy(np.array([ended, other]), [3, 3], text=False)
+    table.release(ended, drain=True)  # its last audio window is in flight on the audio stream
+    assert table.free == 0 and table.draining[ended] and table.busy
+    assert not table.audio[ended]  # no step reads it as a stream any more
+    with pytest.raises(RuntimeError, match="no free slot"):
+        table.claim()
+    table.release(other)  # an abort: nothing reads it, free at once
+    assert table.claim() == other
+    table.drained(ended)
+    assert table.free == 1 and not table.draining[ended] and table.claim() == ended
+    with pytest.raises(ValueError, match="not draining"):
+        table.drained(ended)
+    table.release(ended, drain=True)
+    table.reset()  # a failed step ends everything, draining slots too
+    assert table.free == 2 and not table.draining.any()
 
 
 def test_reset_frees_every_slot():
@@ -278,3 +298,31 @@ def test_substeps_follow_the_pace_of_full_steps():
     assert [never.full_step(t * 0.001, urgent=True) for t in range(5)] == [0] * 5
     with pytest.raises(ValueError):
         SubstepPace(2, 0.0, 50.0)
+
+
+def test_held_windows_go_out_full_late_with_a_launch_of_their_shape_or_when_idle():
+    hold = WindowHold(rows=3, hold=0.03, min_lead=0.3)
+    # Only a playing stream's middle windows wait, and only while its listener is far enough ahead.
+    assert hold.holdable(lead=0.5, first=False, final=False)
+    assert not hold.holdable(lead=0.5, first=True, final=False)
+    assert not hold.holdable(lead=0.5, first=False, final=True)
+    assert not hold.holdable(lead=0.29, first=False, final=False)
+    assert not WindowHold(rows=1, hold=0.03, min_lead=0.3).holdable(lead=9, first=False, final=False)
+    assert not WindowHold(rows=8, hold=0.0, min_lead=0.3).holdable(lead=9, first=False, final=False)
+
+    hold.add(64, "a", now=1.000)
+    hold.add(64, "b", now=1.010)
+    hold.add(32, "c", now=1.020)
+    assert len(hold) == 3 and hold.due(1.020) == []
+    assert hold.due(1.020, launching={32}) == [32]  # a launch of that shape goes anyway: it rides along
+    assert hold.due(1.031) == [64]  # the oldest waited 30 ms
+    assert hold.due(1.020, idle=True) == [64, 32]
+    hold.add(64, "d", now=1.021)
+    assert hold.due(1.021) == [64]  # three of a shape: a full launch
+    assert hold.take(64) == ["a", "b", "d"] and hold.take(64) == []
+    assert hold.keys_holding(lambda w: w == "c") == [32] and hold.keys_holding(lambda w: w == "a") == []
+    assert hold.drop(lambda w: w == "c") == ["c"] and len(hold) == 0 and hold.due(9.0, idle=True) == []
+    hold.add(8, "e", now=2.0)
+    assert hold.clear() == ["e"] and len(hold) == 0
+    with pytest.raises(ValueError):
+        WindowHold(rows=0, hold=0.03, min_lead=0.3)

@@ -22,6 +22,11 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
                           decode_kernels=config.engine.decode_kernels,
                           first_audio_substeps=config.engine.first_audio_substeps,
                           playing_realtime=config.engine.playing_realtime,
+                          audio_batch_rows=config.engine.audio_batch_rows,
+                          audio_hold=config.engine.audio_hold_ms / 1000,
+                          decode_priority=config.engine.decode_priority,
+                          admit_interval=(None if config.engine.admit_interval_ms is None
+                                          else config.engine.admit_interval_ms / 1000),
                           stats_interval=config.engine.loop_report_seconds)
         if separate_engine_process(config, model.device.type):
             from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import threading
@@ -73,8 +74,8 @@ from chattts_runtime.engines.graph_steps import (
 from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Stage, Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
-    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, SubstepPace, TextJob, bucket_sizes, gather_open,
-    pick_bucket, substep_bound, text_widths_for)
+    STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, SubstepPace, TextJob, WindowHold, bucket_sizes,
+    gather_open, pick_bucket, substep_bound, text_widths_for)
 from chattts_runtime.model.config import SAMPLE_RATE
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
@@ -98,6 +99,8 @@ class _Slotted:
     hidden: list[np.ndarray] = field(default_factory=list)  # want_hidden rows not handed out yet
     aborted: bool = False
     pending_window: "_Window | None" = None  # due this iteration, not launched yet
+    held: int = 0  # its windows waiting in the engine's WindowHold
+    first_audio_at: float | None = None  # when its first samples were handed out (monotonic)
 
 
 @dataclass
@@ -163,7 +166,9 @@ class GraphEngine(Engine):
                  windows: StreamWindows | None = None, prefill_rows: int = 32, prefill_max_len: int = 512,
                  audio_rows: int = 64, pad_shapes: bool | None = None, decode_attention: str = "auto",
                  refine_rows: int = 64, next_piece_grace: float = 1.0, stats_interval: float | None = 10.0,
-                 decode_kernels: str = "auto", first_audio_substeps: int = 4, playing_realtime: float = 3.0):
+                 decode_kernels: str = "auto", first_audio_substeps: int = 4, playing_realtime: float = 3.0,
+                 audio_batch_rows: int = 16, audio_hold: float = 0.03, audio_min_lead: float = 0.3,
+                 decode_priority: str = "high"):
         if next_piece_grace < 0:
             raise ValueError("next_piece_grace must be >= 0")
         # Every stats_interval seconds of work, one log line of where the rows and the worker's time went
@@ -221,6 +226,15 @@ class GraphEngine(Engine):
                                                    smallest=min(32, max_model_len))
         self.audio_rows = audio_rows
         self.audio_row_buckets = bucket_sizes(audio_rows)
+        # Windows of streams whose listeners are audio_min_lead seconds ahead wait up to audio_hold seconds
+        # for others of their shape, up to audio_batch_rows in a launch (engines.slots.WindowHold).
+        self._hold = WindowHold(min(audio_batch_rows, audio_rows), audio_hold, audio_min_lead)
+        # On CUDA the worker's launches (steps, prefills) go to a stream of the device's highest priority, the
+        # audio windows to one of the lowest: when both have blocks waiting, the SMs take the decode step's
+        # first (the audio has its listener's lead to spare). normal: both at the default priority.
+        if decode_priority not in ("high", "normal"):
+            raise ValueError(f"decode_priority must be high or normal, not {decode_priority!r}")
+        self.decode_priority = decode_priority
         self.audio_lengths = [n for n in self.windows.regular_shapes() if n <= max_model_len]
         # The Decoder path (hidden states -> audio) in the loop too, when the checkpoint has a Decoder.
         self.hidden_audio = getattr(model, "decoder", None) is not None
@@ -307,6 +321,7 @@ class GraphEngine(Engine):
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "decode_kernels": "fused" if self.fused_decode else "modules",
                 "first_audio_substeps": self._pace.most,
+                "audio_batch_rows": self._hold.rows, "decode_priority": self.decode_priority, "audio_hold_ms": round(self._hold.hold * 1000, 1),
                 "audio_decoders": ["dvae", "decoder"] if self.hidden_audio else ["dvae"],
                 "emit_frames": self.emit_frames,
                 "capture_seconds": round(self.capture_seconds, 2)}
@@ -440,7 +455,7 @@ class GraphEngine(Engine):
     # -- the worker thread -------------------------------------------------------------------
 
     def _worker(self) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._worker_stream():
             try:
                 self._setup()
             except BaseException as err:  # noqa: BLE001  (reported to start())
@@ -456,7 +471,8 @@ class GraphEngine(Engine):
                 with self.requests.cond:
                     asleep = time.monotonic()
                     if not self.requests.wait_for_work(lambda: bool(
-                            self._running or in_flight or self._audio_fifo or refine.waiting or refine.running)):
+                            self._running or in_flight or self._audio_fifo or self._hold or refine.waiting
+                            or refine.running)):
                         return
                     self._stats.slept(time.monotonic() - asleep)
                     aborted = self.requests.take_aborted()
@@ -489,8 +505,8 @@ class GraphEngine(Engine):
                         for text, out in in_flight:
                             self._accept_text(out) if text else self._accept(out, events, windows)
                         in_flight = []
-                    self._launch_audio(windows)
                     idle = not self._running and not in_flight and not refine.running
+                    self._launch_audio(windows, idle)
                     while self._audio_fifo and self._audio_fifo[0].done(block=idle):
                         self._hand_out_audio(self._audio_fifo.popleft(), events)
                 except Exception as err:  # keep serving: fail what was in flight, start clean
@@ -500,6 +516,13 @@ class GraphEngine(Engine):
                 if events and not self.requests.emit(events):
                     return
                 self._maybe_report()
+
+    def _worker_stream(self):
+        """The stream every launch of the worker goes to (``decode_priority``)."""
+        if not self.cuda or self.decode_priority == "normal":
+            return contextlib.nullcontext()
+        _, highest = torch.cuda.Stream.priority_range()
+        return torch.cuda.stream(torch.cuda.Stream(device=self.model.device, priority=highest))
 
     def _maybe_report(self) -> None:
         stats = self._stats
@@ -521,6 +544,7 @@ class GraphEngine(Engine):
         self._refine.reset()
         seqs = list(self._running.values()) + admitted + [w.seq for w in windows]
         seqs += [w.seq for batch in self._audio_fifo for w in batch.windows]
+        seqs += [w.seq for w in self._hold.clear()]
         told = set()
         for seq in seqs:
             rid = seq.request.request_id
@@ -631,9 +655,8 @@ class GraphEngine(Engine):
                      sample_codes: np.ndarray | None = None) -> None:
         """Copy one packed prefill to the device and run it (replayed when that shape was captured)."""
         state = self._state
-        if self._audio_stream is not None:
-            # Slots being reused may still be read by audio windows of their last occupants.
-            torch.cuda.current_stream().wait_stream(self._audio_stream)
+        # No wait on the audio stream: a slot whose stream's audio windows are still in flight drains
+        # (engines.slots.SlotTable.release) and is not claimed before they are done.
         self._to_device(state.prefill_long[:rows, :PF_META + length], meta)
         self._to_device(state.prefill_float[:rows], floats)
         if sample_codes is not None:  # else no row reads it (its text fills its prompt)
@@ -819,31 +842,61 @@ class GraphEngine(Engine):
         seq.done = True
         if reason == "aborted":
             seq.aborted = True
+            if seq.held:  # read by no one now (and its slot is free at once)
+                self._hold.drop(lambda w: w.seq is seq)
+                seq.held = 0
             events.append((seq.request.request_id, FrameChunk(self._empty(), finished=True,
                                                               finish_reason="aborted")))
         else:
             self._hand_out(seq, events, windows, final=reason)
         del self._running[seq.slot]
-        self._slots.release(seq.slot)
+        # Its final audio window reads the slot's frames on the audio stream: the slot drains until that
+        # window is done (_hand_out_audio). An aborted stream's windows are read by no one: free at once.
+        self._slots.release(seq.slot, drain=seq.request.want_audio and not seq.aborted)
 
     # -- audio windows ---------------------------------------------------------------------------
 
-    def _launch_audio(self, windows: list[_Window]) -> None:
-        """Decode due windows, grouped by audio path and length (one graph per group and row bucket), in order."""
-        if not windows:
-            return
+    def _launch_audio(self, windows: list[_Window], idle: bool) -> None:
+        """Decode due windows, grouped by audio path and length (one graph per group and row bucket), in order;
+        windows of streams far enough ahead of their listeners may wait for others of their shape
+        (``engines.slots.WindowHold``), and go out with them (``idle``: the engine has nothing else to do)."""
+        now = time.monotonic()
+        going: dict[tuple[bool, int], list[_Window]] = {}
+        markers: list[_Window] = []
+        flush: list[tuple[bool, int]] = []  # held shapes that must go first: a stream's windows stay in order
         for w in windows:
             w.seq.pending_window = None
-        markers = [w for w in windows if w.end == w.start]
-        by_shape: dict[tuple[bool, int], list[_Window]] = {}
-        for w in windows:
-            if w.end > w.start:
-                by_shape.setdefault((bool(self._frames.hidden_audio[w.seq.slot]), w.end - w.start), []).append(w)
-        for (hidden, frames), group in by_shape.items():
+            if w.end == w.start:
+                markers.append(w)
+            key = (bool(self._frames.hidden_audio[w.seq.slot]), w.end - w.start)
+            if w.seq.held:
+                flush += [k for k in self._hold.keys_holding(lambda x, seq=w.seq: x.seq is seq) if k not in flush]
+            if w.end == w.start:
+                continue
+            if self._hold.holdable(lead=self._lead(w.seq, now), first=w.decoded_before == 0, final=w.final is not None):
+                self._hold.add(key, w, now)
+                w.seq.held += 1
+            else:
+                going.setdefault(key, []).append(w)
+        due = [k for k in self._hold.due(now, launching=going, idle=idle) if k not in flush]
+        batches: list[tuple[tuple[bool, int], list[_Window]]] = []
+        for key in flush + due:
+            held = self._hold.take(key)
+            for w in held:
+                w.seq.held -= 1
+            batches.append((key, held + going.pop(key, [])))
+        batches += list(going.items())
+        for (hidden, frames), group in batches:
             for first in range(0, len(group), self.audio_rows):
                 self._audio_fifo.append(self._decode_audio(group[first:first + self.audio_rows], frames, hidden))
         if markers:  # ends with no new frames: handed out after every window launched before them
             self._audio_fifo.append(_AudioBatch(markers))
+
+    def _lead(self, seq: _Slotted, now: float) -> float:
+        """Seconds of audio the stream's listener has ahead of playback (0 before its first audio)."""
+        if seq.first_audio_at is None:
+            return 0.0
+        return seq.samples_sent / SAMPLE_RATE - (now - seq.first_audio_at)
 
     def _decode_audio(self, group: list[_Window], frames: int, hidden: bool) -> _AudioBatch:
         state = self._state
@@ -880,6 +933,10 @@ class GraphEngine(Engine):
                 samples, seq.samples_sent = unsent_samples(self._samples_per_frame, w.start, seq.samples_sent,
                                                            audio[row])
                 row += 1
+                if seq.first_audio_at is None and len(samples):
+                    seq.first_audio_at = time.monotonic()
+            if w.final is not None:  # the stream's last window is done: its slot may be reused
+                self._slots.drained(seq.slot)
             if seq.aborted:
                 continue
             events.append((seq.request.request_id, FrameChunk(w.codes, None, finished=w.final is not None,

@@ -4,8 +4,9 @@
 graph engine's worker reasons about between two launches (``engines.graph``; the GPU side is
 ``engines.graph_steps``):
 
-* :class:`SlotTable`: which slot is free or holds an audio stream or a refine-text job, each
-  slot's epoch (a slot reused since a launch makes that launch's rows for it stale) and position;
+* :class:`SlotTable`: which slot is free, holds an audio stream or a refine-text job, or drains (its
+  stream ended while audio windows still read its frames), each slot's epoch (a slot reused since a
+  launch makes that launch's rows for it stale) and position;
   :meth:`SlotTable.next_step` is the next decode step's plan: the slots it covers, its batch and
   KV-length buckets, whether refine rows ride in it;
 * :func:`gather_open`: whether waiting audio may be prefilled now or gathered a little longer;
@@ -14,6 +15,8 @@ graph engine's worker reasons about between two launches (``engines.graph``; the
 * :func:`substep_bound` and :class:`SubstepPace`: the first-audio substeps (the low slots that refine
   rows and voice passes take, stepped again between full steps while playing streams stay ahead of
   real time);
+* :class:`WindowHold`: which audio windows of playing streams wait a little to be decoded with others of
+  their shape (a window launch costs about as much at one row as at eight);
 * :class:`LoopStats`: where the worker's time and the steps' rows went (logged periodically: the
   per-part account a benchmark reads beside its latencies).
 """
@@ -103,6 +106,9 @@ class SlotTable:
         self.text = np.zeros(total, bool)  # holds a refine-text job
         self.epoch = np.zeros(total, np.int64)  # bumped at every prefill into the slot, whichever kind
         self.position = np.zeros(total, np.int64)  # position id of the slot's next input, as launched
+        # Ended, but audio windows in flight on the second stream still read its frame history: not
+        # handed out again until they are done (a prefill into it would overwrite what they read).
+        self.draining = np.zeros(total, bool)
         self._free = list(range(slots))  # ascending
         self._text_changed = True
 
@@ -133,11 +139,22 @@ class SlotTable:
             self._text_changed = True
         return self.epoch[slots].copy()
 
-    def release(self, slot: int) -> None:
-        """The slot's occupant ended (or was aborted); it is free for the next prefill."""
+    def release(self, slot: int, *, drain: bool = False) -> None:
+        """The slot's occupant ended (or was aborted); it is free for the next prefill, or with ``drain``
+        once :meth:`drained` says the audio windows that read it are done."""
         if self.text[slot]:
             self._text_changed = True
         self.audio[slot] = self.text[slot] = False
+        if drain:
+            self.draining[slot] = True
+        else:
+            bisect.insort(self._free, slot)
+
+    def drained(self, slot: int) -> None:
+        """The last audio window that read a draining slot is done: the slot is free."""
+        if not self.draining[slot]:
+            raise ValueError(f"slot {slot} is not draining")
+        self.draining[slot] = False
         bisect.insort(self._free, slot)
 
     def live(self, slots: np.ndarray, epochs: np.ndarray, *, text: bool) -> np.ndarray:
@@ -175,6 +192,7 @@ class SlotTable:
         """Every slot free (a failed step: all in flight ended with the error)."""
         self.audio[:] = False
         self.text[:] = False
+        self.draining[:] = False
         self._free = list(range(self.slots))
         self._text_changed = True
 
@@ -225,6 +243,65 @@ class SubstepPace:
     def idle(self) -> None:
         """The engine ran out of work: the gap until its next step is not a step's pace."""
         self._last = None
+
+
+class WindowHold:
+    """Audio windows held back so that more of them share a launch, per window shape (any hashable key).
+
+    Decoding one window costs about as much as decoding eight (the audio models are bound by their launches
+    at a few rows), and at hundreds of streams most launches carry three or four. A window may wait when its
+    stream's listener has at least ``min_lead`` seconds of audio buffered ahead of playback and it is not
+    the stream's first or last; a shape's held windows go out with the next launch of that shape, or once
+    ``rows`` of them wait, or once the oldest has waited ``hold`` seconds, or when the engine has nothing
+    else to do. ``rows`` 1: nothing is held."""
+
+    def __init__(self, rows: int, hold: float, min_lead: float):
+        if rows < 1 or hold < 0:
+            raise ValueError("audio batch rows must be >= 1 and the hold >= 0")
+        self.rows, self.hold, self.min_lead = rows, hold, min_lead
+        self._held: dict[object, list[tuple[float, object]]] = {}  # key -> [(held since, window)], oldest first
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self._held.values())
+
+    def holdable(self, *, lead: float, first: bool, final: bool) -> bool:
+        """Whether a window whose listener is ``lead`` seconds ahead may wait (not a first or last window)."""
+        return self.rows > 1 and self.hold > 0 and not first and not final and lead >= self.min_lead
+
+    def add(self, key, window, now: float) -> None:
+        self._held.setdefault(key, []).append((now, window))
+
+    def keys_holding(self, matches) -> list:
+        """The keys under which some held window ``matches`` (a stream's, whose next window must follow them)."""
+        return [key for key, group in self._held.items() if any(matches(w) for _, w in group)]
+
+    def due(self, now: float, *, launching=(), idle: bool = False) -> list:
+        """The keys whose held windows go out now (in the order they were first held): each one in
+        ``launching`` (a launch of that shape goes anyway), full, or held too long; all when ``idle``."""
+        launching = set(launching)
+        return [key for key, group in self._held.items()
+                if idle or key in launching or len(group) >= self.rows or now - group[0][0] >= self.hold]
+
+    def take(self, key) -> list:
+        """The windows held under ``key``, oldest first; none are held there any more."""
+        return [window for _, window in self._held.pop(key, [])]
+
+    def drop(self, matches) -> list:
+        """Remove (and return) every held window for which ``matches(window)`` (an aborted stream's)."""
+        dropped = []
+        for key in list(self._held):
+            group = self._held[key]
+            dropped += [w for _, w in group if matches(w)]
+            group[:] = [(t, w) for t, w in group if not matches(w)]
+            if not group:
+                del self._held[key]
+        return dropped
+
+    def clear(self) -> list:
+        """Every held window (a failed step: they end with the error); none held any more."""
+        out = [w for group in self._held.values() for _, w in group]
+        self._held = {}
+        return out
 
 
 @dataclass(frozen=True)
