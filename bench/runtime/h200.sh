@@ -28,7 +28,10 @@
 #
 # --ab REV=STEP[,STEP]   after each named step, the same step served by revision REV's runtime (its tree in
 #                .ab/REV/runtime, made here by bench/runtime/ab_prepare.sh REV and carried), the order of the
-#                two arms alternating from step to step; the summary gives each level's ratio. Repeatable.
+#                arms alternating from step to step; the summary gives each level's ratio. Repeatable: a step
+#                may have several B arms.
+# --vs KEY=VALUE@STEP[,STEP]   a B arm of this tree with one more engine setting (--engine-setting KEY=VALUE),
+#                e.g. --vs audio_batch_rows=1@faithful: what that setting changes, in the same lease. Repeatable.
 # --smoke        every step at the tiny size on the CPU, one level, one round (CI: tests/bench): CUDA-only
 #                steps (anchor, graph_check, upstream) only check that they parse. No wheels are installed.
 # Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
@@ -44,7 +47,7 @@ STEPS="${STEPS:-}"
 BUDGET_S="${BUDGET_S:-520}"
 WHEELS="${WHEELS:-.whl}"  # cp312 wheels for the device image; WHEELS=none skips them
 with_anchor=0 with_reference=0 with_loadgen=1 smoke=0
-declare -A AB=()  # step -> revision whose runtime serves its B arm
+declare -A AB=()  # step -> its B arms: revisions whose runtime serves it, or set:KEY=VALUE (this tree, one more setting)
 while [ $# -gt 0 ]; do
   case "$1" in
     --anchor) with_anchor=1 ;;
@@ -54,13 +57,20 @@ while [ $# -gt 0 ]; do
       if [ -z "$rev" ] || [ "$rev" = "$2" ] || [ -z "$ab_steps" ]; then
         echo "h200.sh: --ab wants REV=STEP[,STEP...], got '$2'" >&2; exit 2
       fi
-      for ab_step in ${ab_steps//,/ }; do AB[$ab_step]="$rev"; done
+      for ab_step in ${ab_steps//,/ }; do AB[$ab_step]="${AB[$ab_step]:-} $rev"; done
+      shift ;;
+    --vs)
+      setting="${2%@*}"; vs_steps="${2##*@}"
+      if [ "$setting" = "$2" ] || [ -z "$vs_steps" ] || [ "${setting%%=*}" = "$setting" ] || [ -z "${setting%%=*}" ]; then
+        echo "h200.sh: --vs wants KEY=VALUE@STEP[,STEP...], got '$2'" >&2; exit 2
+      fi
+      for vs_step in ${vs_steps//,/ }; do AB[$vs_step]="${AB[$vs_step]:-} set:$setting"; done
       shift ;;
     --reference) with_reference=1 ;;
     --no-loadgen) with_loadgen=0 ;;
     --steps) STEPS="$2"; shift ;;
     --budget) BUDGET_S="$2"; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -81,12 +91,19 @@ done
 for step in "${!AB[@]}"; do
   case " $AB_ABLE " in *" $step "*) ;; *) echo "h200.sh: --ab works on the speech API steps ($AB_ABLE), not $step" >&2; exit 2 ;; esac
   case " $STEPS " in *" $step "*) ;; *) echo "h200.sh: --ab names $step, which is not among the steps ($STEPS)" >&2; exit 2 ;; esac
-  if [ "$smoke" = 0 ] && [ ! -d ".ab/${AB[$step]}/runtime/chattts_runtime" ] && \
-     [ ! -d "$(dirname "$0")/../../.ab/${AB[$step]}/runtime/chattts_runtime" ]; then
-    echo "h200.sh: --ab ${AB[$step]}: .ab/${AB[$step]}/runtime is missing (bash bench/runtime/ab_prepare.sh ${AB[$step]}, and carry .ab)" >&2
-    exit 2
-  fi
+  for arm in ${AB[$step]}; do
+    case "$arm" in set:*) continue ;; esac
+    if [ "$smoke" = 0 ] && [ ! -d ".ab/$arm/runtime/chattts_runtime" ] && \
+       [ ! -d "$(dirname "$0")/../../.ab/$arm/runtime/chattts_runtime" ]; then
+      echo "h200.sh: --ab $arm: .ab/$arm/runtime is missing (bash bench/runtime/ab_prepare.sh $arm, and carry .ab)" >&2
+      exit 2
+    fi
+  done
 done
+# A B arm's name in step names and result tags: the revision, or KEY-VALUE of a setting arm.
+arm_label() {
+  case "$1" in set:*) echo "${1#set:}" | tr -c 'A-Za-z0-9._\n-' '-' | tr '=' '-' ;; *) echo "$1" ;; esac
+}
 
 cd "$(dirname "$0")/../.." || exit 2
 export OUT="${OUT:-$PWD/bench/results/tmp/h200-out}"
@@ -177,13 +194,18 @@ step_command() {
   esac
 }
 
-# One run of a step: "A" (this tree) or "B" (--ab's revision, its runtime served by this tree's client).
+# One run of a step: "A" (this tree) or one of its B arms (--ab's revision, its runtime served by this tree's
+# client; or --vs's setting on this tree). The tag is each command's last argument: the arm's label extends it.
 run_arm() {
-  local step="$1" arm="$2" name="$1" cmd limit left t0 rc took
+  local step="$1" arm="$2" name="$1" cmd limit left t0 rc took label
   cmd="$(step_command "$step")"
-  if [ "$arm" = B ]; then
-    name="$step@${AB[$step]}"
-    cmd="$cmd-ab-${AB[$step]} --runtime .ab/${AB[$step]}/runtime"
+  if [ "$arm" != A ]; then
+    label="$(arm_label "$arm")"
+    name="$step@$label"
+    case "$arm" in
+      set:*) cmd="$cmd-ab-$label --engine-setting ${arm#set:}" ;;
+      *) cmd="$cmd-ab-$arm --runtime .ab/$arm/runtime" ;;
+    esac
   fi
   left=$((BUDGET_S - SECONDS - RESERVE_S))
   limit=$(( CAP[$step] < left ? CAP[$step] : left ))
@@ -218,8 +240,13 @@ run_arm() {
 
 ab_turn=0
 for step in $STEPS; do
-  if [ -n "${AB[$step]:-}" ]; then  # both arms, the order alternating from one A/B step to the next
-    if [ $((ab_turn % 2)) = 0 ]; then run_arm "$step" A; run_arm "$step" B; else run_arm "$step" B; run_arm "$step" A; fi
+  if [ -n "${AB[$step]:-}" ]; then  # every arm, the order reversed from one A/B step to the next
+    arms=(A ${AB[$step]})
+    if [ $((ab_turn % 2)) = 1 ]; then
+      for ((i = ${#arms[@]} - 1; i >= 0; i--)); do run_arm "$step" "${arms[$i]}"; done
+    else
+      for arm in "${arms[@]}"; do run_arm "$step" "$arm"; done
+    fi
     ab_turn=$((ab_turn + 1))
   else
     run_arm "$step" A
@@ -239,7 +266,9 @@ done
   echo "h200.sh $(date -u +%FT%TZ), ${SECONDS}s, steps: $STEPS"
   printf '%s\n' "${summary[@]}"
   for step in "${!AB[@]}"; do  # each A/B pair's ratios, from the two result files
-    python3 -m bench.runtime.ab_summary --results "$STAGE/results" --step "$step" --rev "${AB[$step]}" 2>&1
+    for arm in ${AB[$step]}; do
+      python3 -m bench.runtime.ab_summary --results "$STAGE/results" --step "$step" --rev "$(arm_label "$arm")" 2>&1
+    done
   done
 } | tee "$OUT/summary.txt"
 tar -czf "$OUT/results.tar.gz" -C "$STAGE" results

@@ -2,7 +2,8 @@
 GPU call (issue #30: `bench.runtime` once wrote a config the runtime refused, and nothing ran it).
 
 * ``bash bench/runtime/h200.sh --smoke``: every step of the GPU script at the tiny size, one level, one
-  round, with an ``--ab`` arm on this very revision; CUDA-only steps are parsed.
+  round, with an ``--ab`` arm on this very revision and a ``--vs`` arm of one more engine setting; CUDA-only
+  steps are parsed.
 * ``python -m bench.*``: each module's command line at its smallest size; the ones that need CUDA show
   their ``--help`` (argument parsing before any CUDA call). The cluster benchmarks run in tests/cluster,
   the vLLM ones in tests/vllm_engine.
@@ -40,13 +41,13 @@ def test_every_step_of_the_gpu_script_runs_at_the_tiny_size_with_an_ab_arm(tmp_p
     out_dir = tmp_path / "out"
     env = {**_env(tmp_path), "OUT": str(out_dir)}
     proc = subprocess.run(["bash", "bench/runtime/h200.sh", "--smoke", "--steps", STEPS, "--ab", "HEAD=graph",
-                           "--budget", "3000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3300)
+                           "--vs", "audio_batch_rows=1@graph", "--budget", "3000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3300)
     summary = (out_dir / "summary.txt").read_text() if (out_dir / "summary.txt").exists() else ""
     assert proc.returncode == 0, f"h200.sh --smoke failed:\n{summary}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    for step in [*STEPS.split(), "graph@HEAD"]:
+    for step in [*STEPS.split(), "graph@HEAD", "graph@audio_batch_rows-1"]:
         assert re.search(rf"^{re.escape(step)}: passed", summary, re.M), f"{step} did not pass:\n{summary}"
     # The A/B summary compares the two arms level by level.
-    assert "A/B graph" in summary and re.search(r"^2 \| [\d.]+, [\d.]+, [\d.]+x", summary, re.M), summary
+    assert summary.count("A/B graph") == 2 and re.search(r"^2 \| [\d.]+, [\d.]+, [\d.]+x", summary, re.M), summary
     # Results went to the smoke's own folder, none among the recorded ones.
     assert not list((REPO / "bench" / "results").glob("runtime-h200-*-smoke*"))
     for name in ("summary.txt", "results.tar.gz", "logs.tar.gz"):
@@ -55,6 +56,7 @@ def test_every_step_of_the_gpu_script_runs_at_the_tiny_size_with_an_ab_arm(tmp_p
 
 def test_the_gpu_script_refuses_a_typo_before_it_runs_anything(tmp_path):
     for args in (["--steps", "graph faithfull"], ["--ab", "HEAD"], ["--ab", "HEAD=anchor", "--steps", "anchor"],
+                 ["--vs", "audio_batch_rows"], ["--vs", "=1@graph"], ["--vs", "audio_batch_rows=1@"],
                  ["--no-such-flag"]):
         proc = subprocess.run(["bash", "bench/runtime/h200.sh", "--smoke", *args], cwd=REPO, env=_env(tmp_path),
                               capture_output=True, text=True, timeout=60)
