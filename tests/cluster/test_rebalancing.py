@@ -774,53 +774,87 @@ def test_pods_outside_the_pool_are_reported_then_brought_inside(cluster, namespa
     """A member serving on nodes outside the pool when it joins: those pods are not counted
     against the pool and status names them (PodsOutsidePool) for as long as they run there;
     the policy's selector becomes the pods' node affinity, so once they may run in the pool
-    (here: once they tolerate its taint) the rollout puts them inside."""
+    (here: once they tolerate its taint) the rollout puts them inside.
+
+    Joining is two template changes, one after the other: the label alone gives the pods the
+    online priority class, then the policy's first pass gives them the pool's affinity. The
+    first rollout's surge pod may land outside too (3 pods outside for a moment, one on another
+    node), so which pods run outside is read once the second rollout has settled."""
     name = f"out-{namespace}"[:63]
     member = serving("tts", name, gpu_pool, replicas=2)
     member["metadata"]["labels"] = {}
     del member["spec"]["gpu"]["nodeSelector"]
     tolerations = member["spec"].pop("tolerations")  # the pool's nodes are tainted: it runs elsewhere
+
+    def serving_pods() -> list[dict[str, Any]]:
+        return kjson(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=tts")["items"]
+
+    def running(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+    def outside_report() -> dict[str, Any]:
+        return conditions_of(cluster, name).get("PodsOutsidePool") or {}
+
+    def names_exactly(message: str, pods: list[dict[str, Any]]) -> bool:
+        """The condition's message counts and names these pods (namespace/pod on node)."""
+        return message.startswith(f"{len(pods)} member pods ") and all(
+            f"{namespace}/{p['metadata']['name']} on {p['spec']['nodeName']}" in message for p in pods)
+
     try:
         apply(cluster, namespace, member)
-
-        def running_nodes() -> list[str]:
-            pods = kjson(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=tts")["items"]
-            return sorted(p["spec"]["nodeName"] for p in pods if p["status"].get("phase") == "Running"
-                          and not p["metadata"].get("deletionTimestamp"))
-
-        outside_nodes = wait_until(lambda: (n := running_nodes()) and len(n) == 2 and n, "2 replicas running")
+        outside_nodes = wait_until(lambda: (n := sorted(p["spec"]["nodeName"] for p in running(serving_pods())))
+                                   and len(n) == 2 and n, "2 replicas running")
         assert not set(outside_nodes) & set(gpu_pool.nodes)
         apply(cluster, None, policy(name, gpu_pool))
         cluster.kubectl("label", "ctd", "tts", "-n", namespace, f"{SHARE_LABEL}={name}")
 
-        reported = wait_until(lambda: (c := conditions_of(cluster, name).get("PodsOutsidePool"))
-                              and c["status"] == "True" and c, "PodsOutsidePool=True", timeout=60)
-        assert "2 member pods" in reported["message"] and "not counted" in reported["message"]
-        assert all(node in reported["message"] for node in outside_nodes), reported["message"]
-        # The affinity came: the new pod waits (the taint), the two outside keep serving, uncounted.
-        dep = wait_until(lambda: (d := kjson(cluster, "get", "deployment", "tts", "-n", namespace))
-                         and (d["spec"]["template"]["spec"].get("affinity") or {}).get("nodeAffinity") and d,
-                         "the pool's node affinity on the pod template", timeout=60)
+        # The affinity came: the new pod waits (the taint), two pods outside keep serving, uncounted.
+        def settled_outside() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+            dep = kjson(cluster, "get", "deployment", "tts", "-n", namespace)
+            affinity = (dep["spec"]["template"]["spec"].get("affinity") or {}).get("nodeAffinity")
+            pods = serving_pods()
+            outside = [p for p in running(pods) if p["spec"]["nodeName"] not in gpu_pool.nodes]
+            waiting = [p for p in pods if not p["spec"].get("nodeName")]
+            rolled = (affinity and dep["status"].get("observedGeneration") == dep["metadata"]["generation"]
+                      and dep["status"].get("updatedReplicas") == 1 and dep["status"].get("replicas") == 3)
+            if not (rolled and len(pods) == 3 and len(outside) == 2 and len(waiting) == 1):
+                return None
+            report = outside_report()
+            return (dep, outside) if report.get("status") == "True" and names_exactly(report["message"], outside) \
+                else None
+
+        dep, outside = wait_until(settled_outside, "the pool's affinity rolled out, PodsOutsidePool naming the "
+                                  "2 pods that serve outside", timeout=60)
+        assert "not counted" in outside_report()["message"]
         terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert all({"key": POOL_KEY, "operator": "In", "values": [namespace]} in t["matchExpressions"] for t in terms)
-        time.sleep(2)
-        status = kjson(cluster, "get", "gpusharepolicy", name)["status"]
-        assert conditions_of(cluster, name)["PodsOutsidePool"]["status"] == "True"
+        # And so it stays while they serve there: two more passes of the policy say the same.
+        def passes() -> float:
+            return REGISTRY.get_sample_value("chattts_sharepolicy_passes_total", {"policy": name}) or 0.0
+
+        seen = passes()
+        wait_until(lambda: passes() >= seen + 2, "two more passes of the policy", timeout=30)
+        report = outside_report()
+        assert report["status"] == "True" and names_exactly(report["message"], outside), report
         # The rollout has 3 pods (2 outside): counted are the 2 replicas the cap allows, not 3.
+        status = kjson(cluster, "get", "gpusharepolicy", name)["status"]
         assert status["used"]["onlineMiB"] == 2 * REPLICA_MIB, status["used"]
 
-        # Allowed into the pool: the rollout moves them in, and the report clears.
+        # Allowed into the pool: the rollout moves them in, the report clears, 2 replicas counted.
         cluster.kubectl("patch", "ctd", "tts", "-n", namespace, "--type=merge",
                         "-p", json.dumps({"spec": {"tolerations": tolerations}}))
 
         def inside() -> bool:
-            now = running_nodes()
-            outside = conditions_of(cluster, name).get("PodsOutsidePool") or {}
-            return len(now) == 2 and set(now) <= set(gpu_pool.nodes) and outside.get("reason") == "AllInPool"
+            pods = serving_pods()
+            now = [p["spec"].get("nodeName") for p in running(pods)]
+            status = kjson(cluster, "get", "gpusharepolicy", name)["status"]
+            reported = next((c for c in status.get("conditions", []) if c["type"] == "PodsOutsidePool"), {})
+            # Counted from the Deployment too (its status.replicas until it sees the old pods gone).
+            return (len(pods) == 2 and len(now) == 2 and set(now) <= set(gpu_pool.nodes)
+                    and reported.get("reason") == "AllInPool" and status["used"]["onlineMiB"] == 2 * REPLICA_MIB)
 
-        wait_until(inside, "the member's pods inside the pool", timeout=120)
-        assert kjson(cluster, "get", "gpusharepolicy", name)["status"]["used"]["onlineMiB"] == 2 * REPLICA_MIB
+        wait_until(inside, "the member's pods inside the pool, 2 replicas counted", timeout=120)
     finally:
         cluster.kubectl("delete", "gpusharepolicy", name, "--ignore-not-found", "--wait=false", check=False)
 
