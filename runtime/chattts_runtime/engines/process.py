@@ -98,7 +98,9 @@ def _widen(connection) -> None:
 
 
 class _Sender:
-    """Sends messages from its own thread, so the engine loop never waits for the reader."""
+    """Sends messages from its own thread, in order, so the sending side never waits for the reader: the
+    child's engine loop for the parent's reader, the parent's event loop for the child's request reader
+    (which gets the interpreter lock only between the worker's turns; a full pipe would stall the loop)."""
 
     def __init__(self, connection):
         import queue  # noqa: PLC0415
@@ -212,8 +214,7 @@ class ProcessEngine(Engine):
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process = None
-        self._send_lock = threading.Lock()
-        self._to_child = None
+        self._to_child: _Sender | None = None
         self._from_child = None
         self._reader: threading.Thread | None = None
         self._ready: asyncio.Future | None = None
@@ -225,9 +226,11 @@ class ProcessEngine(Engine):
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
         ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA or threads
-        child_requests, self._to_child = ctx.Pipe(duplex=False)
+        child_requests, to_child = ctx.Pipe(duplex=False)
         self._from_child, child_events = ctx.Pipe(duplex=False)
         _widen(self._from_child)
+        _widen(to_child)
+        self._to_child = _Sender(to_child)
         # The reader thread must get the interpreter lock promptly when a message lands (at the
         # default 5 ms switch interval the event loop holds it that long; the pipe fills meanwhile).
         import sys  # noqa: PLC0415
@@ -253,6 +256,8 @@ class ProcessEngine(Engine):
             await asyncio.to_thread(self._process.join, 30)
             if self._process.is_alive():
                 self._process.kill()
+        if self._to_child is not None:
+            await asyncio.to_thread(self._to_child.close)  # its thread ends (the child is gone: sends fail at once)
         self._end_all("aborted", None)
 
     # -- requests ------------------------------------------------------------------------------
@@ -310,12 +315,8 @@ class ProcessEngine(Engine):
         self._send(("abort", request_id))
 
     def _send(self, message) -> bool:
-        try:
-            with self._send_lock:
-                self._to_child.send(message)
-            return True
-        except (BrokenPipeError, OSError, AttributeError):
-            return False
+        """Queue a message for the child (never waits); False once the pipe is known to be broken."""
+        return self._to_child is not None and self._to_child.send(message)
 
     # -- the reader thread and the event loop ----------------------------------------------------
 
