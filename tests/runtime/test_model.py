@@ -12,7 +12,7 @@ import torch
 from chattts_runtime.model import CheckpointError, load_chattts
 from chattts_runtime.model import config as layout
 from chattts_runtime.model.speaker import (
-    SpeakerError, normalize_speaker, b16384_decode, b16384_encode, decode_speaker, encode_speaker)
+    SpeakerError, normalize_speaker, b16384_decode, b16384_encode, decode_speaker, encode_speaker, preset_speaker)
 
 
 def test_tiny_checkpoint_has_the_official_layout(tiny_checkpoint):
@@ -75,6 +75,13 @@ def test_speaker_string_round_trip_and_errors(tiny_model):
     # presets are deterministic: the same voice on every replica
     assert torch.equal(tiny_model.speaker_for("nova"), tiny_model.speaker_for("nova"))
     assert not torch.equal(tiny_model.speaker_for("nova"), tiny_model.speaker_for("onyx"))
+    # drawn once, then served from the model's cache: the same vector as a fresh draw, and every
+    # caller owns its tensor (one that scales its own copy changes nobody else's)
+    fresh = torch.from_numpy(normalize_speaker(preset_speaker("nova", tiny_model.speaker_stats)))
+    mine = tiny_model.speaker_for("nova")
+    assert torch.equal(mine, fresh)
+    mine.mul_(3)
+    assert torch.equal(tiny_model.speaker_for("nova"), fresh)
 
 
 def test_missing_file_and_wrong_shapes_name_the_file(tiny_checkpoint, tmp_path):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -65,6 +65,9 @@ class ChatTTSModel:
     quantization: dict | None = None
     root: Path | None = None
     encoder: DVAEEncoder | None = None  # reference clip -> codes (voice from a sample); None if not shipped
+    # A preset's normalised vector, drawn once: the draw and the norm cost a request a quarter of a
+    # millisecond of the speech API's event loop, every time, for the same few vectors.
+    _presets: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -76,8 +79,11 @@ class ChatTTSModel:
         if voice in VOICE_NAMES:
             if self.speaker_stats is None:
                 raise SpeakerError(missing_stats_message(self.root or Path("<model dir>")))
-            vec = preset_speaker(voice, self.speaker_stats)
-        elif looks_like_speaker_string(voice):
+            preset = self._presets.get(voice)
+            if preset is None:
+                preset = self._presets[voice] = normalize_speaker(preset_speaker(voice, self.speaker_stats))
+            return torch.from_numpy(preset.copy())  # callers own their tensor
+        if looks_like_speaker_string(voice):
             vec = decode_speaker(voice, dim)
         else:
             raise SpeakerError(f"unknown voice {voice[:40]!r}: use one of {', '.join(VOICE_NAMES)} "

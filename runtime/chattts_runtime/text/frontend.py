@@ -60,7 +60,16 @@ class FrontEnd:
 
     def _plan(self, text: str, budget: FrameBudget, normalize: bool, lang: Language | None, with_speaker: bool,
               speed: float) -> list[TextPiece]:
+        # The planner asks again for texts it tried (a paragraph's lone sentence, as a group and then
+        # alone): each is normalized and tokenized once per plan. Pieces are frozen, so sharing is safe.
+        prepared: dict[str, TextPiece | None] = {}
+
         def prepare(raw: str) -> TextPiece | None:
+            if raw not in prepared:
+                prepared[raw] = prepare_once(raw)
+            return prepared[raw]
+
+        def prepare_once(raw: str) -> TextPiece | None:
             said = self.normalizer(raw, lang=lang) if normalize else raw
             if not said.strip():
                 return None
