@@ -100,6 +100,7 @@ CPU_COMMANDS = {
     "operator_desired_state": ["bench.operator_desired_state"],
     "ttfb_formats": ["bench.runtime.ttfb_formats", "--size", "tiny", "--device", "cpu", "--requests", "1",
                      "--frames", "16"],
+    "api_cpu": ["bench.runtime.api_cpu", "--requests", "8", "--concurrency", "2", "--out", "{tmp}/api-cpu.json"],
     "engine_load": ["bench.runtime.engine_load", "--engine", "reference", "--size", "tiny", "--frames", "8",
                     "--rounds", "1", "--concurrency", "2", "--out", "{tmp}/engine-load.json"],
     # CUDA-only: their command lines parse here; they run in h200.sh on the GPU.
