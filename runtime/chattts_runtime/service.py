@@ -12,7 +12,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Literal
+from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
@@ -29,6 +29,9 @@ from chattts_runtime.model.sampling import SamplingParams
 from chattts_runtime.longform import OK_REASONS, chain_pieces, submit_admitted
 from chattts_runtime.metrics import RuntimeMetrics
 from chattts_runtime.model.config import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from chattts_runtime.model.prompt import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +282,9 @@ class SpeechService:
         hidden = pipeline.want_hidden
         requests = []
         for index, piece in enumerate(pieces):
-            prompt_ids, params = self._code_prompt(req, piece.text, req.speed, sample, index, piece.max_frames)
+            # Without a sample the front-end built this very prompt (same text, speaker tag and speed): reused.
+            prompt_ids, params = self._code_prompt(req, piece.text, req.speed, sample, index, piece.max_frames,
+                                                   built=piece.prompt if sample is None else None)
             requests.append(SynthesisRequest(
                 request_id=f"speech-{uuid.uuid4().hex}", prompt_ids=prompt_ids, speaker=speaker,
                 params=params, want_hidden=hidden, prompt_codes=None if sample is None else sample.codes,
@@ -325,13 +330,15 @@ class SpeechService:
 
     def _code_prompt(self, req: SpeechRequest, text: str, speed: float, sample: VoiceSample | None,
                      index: int = 0, piece_frames: int | None = None,
-                     with_speaker: bool | None = None) -> tuple[tuple[int, ...], SamplingParams]:
+                     with_speaker: bool | None = None, built: Prompt | None = None,
+                     ) -> tuple[tuple[int, ...], SamplingParams]:
         """One piece's audio prompt and sampling; ``index`` offsets a fixed seed so every piece of a
         long input gets its own draw; ``piece_frames`` is the front-end's frame budget for the piece;
-        ``with_speaker`` (default: without a sample) puts the speaker tag in."""
+        ``with_speaker`` (default: without a sample) puts the speaker tag in; ``built``: the prompt these
+        arguments give, already tokenized."""
         with_speaker = sample is None if with_speaker is None else with_speaker
-        prompt = self.model.tokenizer.build(text, with_speaker=with_speaker, speed=speed,
-                                            sample_text="" if sample is None else sample.text)
+        prompt = built or self.model.tokenizer.build(text, with_speaker=with_speaker, speed=speed,
+                                                     sample_text="" if sample is None else sample.text)
         length = len(prompt.input_ids) + (0 if sample is None else len(sample.codes))
         max_frames = self.config.engine.max_model_len - length - 1
         if max_frames < 1:

@@ -72,3 +72,17 @@ def test_a_request_that_may_run_a_language_normalizer_is_prepared_off_the_event_
     service.frontend.normalizer.language_normalizers["en"] = str.lower
     assert service.may_spell_out(short)
     assert not service.may_spell_out(short.model_copy(update={"normalize": False}))
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.5])
+def test_every_piece_prompt_is_its_text_tokenized_with_the_speaker_tag_and_speed(tiny_model, speed):
+    # The front-end's prompts are reused as the pieces' code prompts: they must be exactly what building
+    # each piece's prompt anew gives (speaker tag, speed token, ids), for one piece and for several.
+    service = make_service(tiny_model)
+    for text in ("short words", "long words " * 30):
+        synthesis = service.prepare(SpeechRequest(model="chattts", input=text, voice="alloy", speed=speed))
+        requests = (synthesis.request, *synthesis.more)
+        assert len(requests) == len(synthesis.texts)
+        for request, said in zip(requests, synthesis.texts):
+            fresh = tiny_model.tokenizer.build(said, with_speaker=True, speed=speed)
+            assert request.prompt_ids == fresh.input_ids
