@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.runtime.launch import free_port
+from bench.runtime.launch import free_port, wait_ready
 from bench.runtime.speech_api import process_cpu_seconds
 
 FRAMES = 128
@@ -144,9 +144,21 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
-    import httpx  # noqa: PLC0415
+class _Polled:
+    """A ``multiprocessing.Process`` as ``launch.wait_ready`` polls a server: ``poll()`` and ``returncode``."""
 
+    def __init__(self, process):
+        self.process = process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+
+def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
     from chattts_runtime.testing import make_tiny_checkpoint  # noqa: PLC0415
 
     ctx = multiprocessing.get_context("spawn")
@@ -157,18 +169,7 @@ def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
         server = ctx.Process(target=_serve, args=(str(checkpoint), port, frames), daemon=True)
         server.start()
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                if not server.is_alive():
-                    raise RuntimeError(f"the server exited with {server.exitcode}")
-                try:
-                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the server was not ready in 300 s")
-                time.sleep(0.2)
+            asyncio.run(wait_ready(url, _Polled(server), timeout=300))
             # Warm: the first requests import and compile what later ones reuse.
             warm_in, warm_out = ctx.Pipe(duplex=False)
             ctx.Process(target=_client_process, args=(url, 4, 16, warm_out), daemon=True).start()
