@@ -1,11 +1,17 @@
-"""The engine process's pipes: a sender never waits for a slow reader, keeps the order, and says when
-the pipe broke (the parent's event loop queues requests to the child through one)."""
+"""The engine process's pipes: neither side's writer waits for a slow reader; both keep the order and say
+when the pipe broke. The child's engine loop sends chunks through a sender thread (``_Sender``); the
+parent's event loop writes requests through a pipe transport (``_LoopWriter``), framed so that the child's
+``Connection.recv`` reads them."""
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import threading
+import time
 
-from chattts_runtime.engines.process import _Sender
+import pytest
+
+from chattts_runtime.engines.process import _LoopWriter, _Sender
 
 
 def test_a_sender_does_not_wait_for_a_reader_that_is_not_reading_and_keeps_the_order():
@@ -36,3 +42,89 @@ def test_a_sender_whose_reader_is_gone_says_so():
     sender.close()  # waits for the thread, which ended at the broken pipe
     assert sender.broken
     assert sender.send(("after", b"")) is False
+
+
+def _loops():
+    loops = [("asyncio", asyncio.new_event_loop)]
+    try:
+        import uvloop  # the speech server's loop
+
+        loops.append(("uvloop", uvloop.new_event_loop))
+    except ImportError:
+        pass
+    return loops
+
+
+@pytest.mark.parametrize("make_loop", [m for _, m in _loops()], ids=[n for n, _ in _loops()])
+def test_the_loop_writer_never_waits_for_the_child_and_its_frames_are_what_recv_reads(make_loop):
+    reader, writer_end = multiprocessing.Pipe(duplex=False)
+    payload = b"x" * (256 << 10)
+    got: list = []
+
+    async def main():
+        writer = _LoopWriter()
+        await writer.open(writer_end)
+        started = time.monotonic()
+        for i in range(64):  # 16 MiB while nothing reads: a blocking write would hang here
+            assert writer.send((i, payload))
+        assert time.monotonic() - started < 5, "send() waited for the reader"
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        ticking = asyncio.ensure_future(tick())
+        drained = asyncio.get_running_loop().run_in_executor(None, lambda: [reader.recv() for _ in range(64)])
+        got.extend(await asyncio.wait_for(drained, 60))
+        ticking.cancel()
+        assert ticks > 0  # the loop ran while the pipe drained
+        assert writer.send(("big", b"y" * 100_000))  # more than the pipe holds: the loop writes the rest
+        assert await asyncio.to_thread(reader.recv) == ("big", b"y" * 100_000)
+        writer.close()
+
+    loop = make_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert [i for i, _ in got] == list(range(64)) and all(body == payload for _, body in got)
+
+
+@pytest.mark.parametrize("make_loop", [m for _, m in _loops()], ids=[n for n, _ in _loops()])
+def test_the_loop_writer_whose_child_is_gone_says_so(make_loop):
+    reader, writer_end = multiprocessing.Pipe(duplex=False)
+
+    async def main():
+        writer = _LoopWriter()
+        await writer.open(writer_end)
+        reader.close()
+        writer.send(("first", b""))  # queued or written: the write fails with EPIPE on the loop
+        for _ in range(200):
+            if writer.broken:
+                break
+            await asyncio.sleep(0.01)
+        assert writer.broken
+        assert writer.send(("after", b"")) is False
+
+    loop = make_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def test_the_loop_writer_takes_a_message_from_another_thread_onto_its_loop():
+    reader, writer_end = multiprocessing.Pipe(duplex=False)
+
+    async def main():
+        writer = _LoopWriter()
+        await writer.open(writer_end)
+        assert await asyncio.to_thread(writer.send, ("from a thread", 1))
+        got = await asyncio.to_thread(reader.recv)
+        writer.close()
+        return got
+
+    assert asyncio.run(main()) == ("from a thread", 1)

@@ -25,6 +25,7 @@ import dataclasses
 import gc
 import logging
 import multiprocessing
+import struct
 import threading
 from typing import Any, AsyncIterator, Callable
 
@@ -98,9 +99,8 @@ def _widen(connection) -> None:
 
 
 class _Sender:
-    """Sends messages from its own thread, in order, so the sending side never waits for the reader: the
-    child's engine loop for the parent's reader, the parent's event loop for the child's request reader
-    (which gets the interpreter lock only between the worker's turns; a full pipe would stall the loop)."""
+    """Sends messages from its own thread, in order, so the child's engine loop never waits for the
+    parent's reader."""
 
     def __init__(self, connection):
         import queue  # noqa: PLC0415
@@ -128,6 +128,59 @@ class _Sender:
             except (BrokenPipeError, OSError):
                 self.broken = True
                 return
+
+
+class _LoopWriter:
+    """The parent's end of the request pipe, written by its event loop without ever waiting for the child.
+
+    A blocking ``Connection.send`` would stall every stream of the speech API while the pipe is full (the
+    child's request reader gets the interpreter lock only between its engine worker's turns); a sender
+    thread instead costs a thread hand-off and interpreter-lock traffic per message on the API's busiest
+    core. So each message is framed as ``Connection.send`` frames it (the child reads with ``recv``) and
+    handed to an asyncio pipe transport, which writes what the pipe takes now and keeps the rest until the
+    pipe drains, in order. Call it on the event loop; a call from another thread is passed to the loop."""
+
+    def __init__(self):
+        self._transport: asyncio.WriteTransport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+        self.broken = False
+
+    async def open(self, connection) -> None:
+        """Write to ``connection``'s pipe from now on (the connection itself is closed)."""
+        import os  # noqa: PLC0415
+
+        writer = self
+
+        class Lost(asyncio.BaseProtocol):
+            def connection_lost(self, exc):  # the child is gone (EPIPE) or the writer was closed
+                writer.broken = True
+
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        pipe = os.fdopen(os.dup(connection.fileno()), "wb", buffering=0)
+        connection.close()
+        self._transport, _ = await self._loop.connect_write_pipe(Lost, pipe)
+
+    def send(self, message) -> bool:
+        """Queue ``message`` (never waits); False once the pipe is known to be broken."""
+        if self.broken or self._transport is None or self._transport.is_closing():
+            return False
+        if threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.send, message)
+            return True
+        from multiprocessing.reduction import ForkingPickler  # noqa: PLC0415
+
+        data = ForkingPickler.dumps(message)
+        size = len(data)
+        header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", size)
+        self._transport.write(header + data)
+        return True
+
+    def close(self) -> None:
+        """Close the pipe once what is queued is written (at once if the child is gone)."""
+        if self._transport is not None:
+            self._transport.close()
 
 
 def engine_process_main(spec: ChildEngine, requests, events) -> None:
@@ -214,7 +267,7 @@ class ProcessEngine(Engine):
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._process = None
-        self._to_child: _Sender | None = None
+        self._to_child: _LoopWriter | None = None
         self._from_child = None
         self._reader: threading.Thread | None = None
         self._ready: asyncio.Future | None = None
@@ -230,7 +283,8 @@ class ProcessEngine(Engine):
         self._from_child, child_events = ctx.Pipe(duplex=False)
         _widen(self._from_child)
         _widen(to_child)
-        self._to_child = _Sender(to_child)
+        self._to_child = _LoopWriter()
+        await self._to_child.open(to_child)
         # The reader thread must get the interpreter lock promptly when a message lands (at the
         # default 5 ms switch interval the event loop holds it that long; the pipe fills meanwhile).
         import sys  # noqa: PLC0415
@@ -257,7 +311,7 @@ class ProcessEngine(Engine):
             if self._process.is_alive():
                 self._process.kill()
         if self._to_child is not None:
-            await asyncio.to_thread(self._to_child.close)  # its thread ends (the child is gone: sends fail at once)
+            self._to_child.close()
         self._end_all("aborted", None)
 
     # -- requests ------------------------------------------------------------------------------
