@@ -260,16 +260,17 @@ def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_c
     async def run():
         await engine.start()
         try:
-            async def one(i, text):
-                frames = []
-                async for chunk in engine.submit(staged(tiny_model, i, text, params)):
-                    frames.extend(chunk.codes.tolist())
-                return frames
+            async def collect(stream):
+                return [frame async for chunk in stream for frame in chunk.codes.tolist()]
 
-            with engine.requests.cond:  # all queued before the worker looks: they share steps from the start
-                streams = [one(i, t) for i, t in enumerate(TEXTS)]
-                texts = [engine.refine_text(f"t{i}", p, refine) for i, p in enumerate(prompts)]
-            return await asyncio.gather(*streams), await asyncio.gather(*texts)
+            # All queued before the worker looks, so they share steps from the start (the lock is re-entrant:
+            # submit queues at once; the refine jobs' tasks queue at their first step, on the sleep below).
+            with engine.requests.cond:
+                streams = [engine.submit(staged(tiny_model, i, t, params)) for i, t in enumerate(TEXTS)]
+                texts = [asyncio.ensure_future(engine.refine_text(f"t{i}", p, refine)) for i, p in enumerate(prompts)]
+                await asyncio.sleep(0)
+                assert engine.num_waiting == len(TEXTS) and len(engine._refine.waiting) == len(prompts)
+            return await asyncio.gather(*map(collect, streams)), await asyncio.gather(*texts)
         finally:
             await engine.stop()
 
