@@ -7,13 +7,15 @@ Whatever the API spends per request and per streamed chunk is paid on that one c
 number of its own, measured on any machine, without a GPU.
 
 The runtime's real server (``chattts_runtime.server.serve``: uvicorn, the app, the text front-end,
-streaming and PCM encoding) runs in a process of its own with a tiny random checkpoint; only its engine is
-replaced by one that answers every request at once with the graph engine's chunk schedule (audio windows
-of 8, then 24 frames, already decoded, as the engine process delivers them). Closed-loop clients in
-another process stream the responses to the end. Reported: the server process's CPU milliseconds per
-request (and per audio second), its cores, and the clients' time to first audio. Compare two trees by
-running this in each, alternately, on the same machine: the figure is CPU time, so it is steadier than
-wall time on a shared machine, but not immune to it.
+streaming and PCM encoding) runs in a process of its own with a tiny random checkpoint; only the model's
+work is taken out: its engine is a paced stand-in for the graph engine's loop (a frame per request every
+``--step-ms``, each audio window sent when the runtime's window schedule says, already decoded), run as
+on a GPU in an engine process behind the real ``ProcessEngine`` (its pipes, reader thread and chunk
+delivery are the API process's work too), or with ``--process same`` in the server's process.
+Closed-loop clients in another process stream the responses to the end. Reported: the server process's
+CPU milliseconds per request (and per audio second; the engine process is not counted), its cores, and the
+clients' time to first audio. Compare two trees by running this in each, alternately, on the same machine:
+the figure is CPU time, steadier than wall time on a shared machine, not immune to it.
 
     python -m bench.runtime.api_cpu --requests 2000 --concurrency 64
 """
@@ -34,6 +36,7 @@ from bench.runtime.speech_api import process_cpu_seconds
 
 FRAMES = 128
 FRAME_SECONDS = 512 / 24_000  # one frame of ChatTTS's codes: 21.3 ms of audio
+STEP_MS = 3.0  # the graph engine's decode step at 64-256 streams on the H200 is ~2.5-6.5 ms
 BODY = {"model": "chattts", "input": "benchmark sentence 7: the quick brown fox jumps over the lazy dog.",
         "voice": "alloy", "response_format": "pcm", "stream_format": "audio", "max_new_tokens": FRAMES}
 
@@ -50,57 +53,140 @@ def chunk_schedule(frames: int, chunk_frames: int = 24) -> list[int]:
     return sizes
 
 
-def _serve(checkpoint: str, port: int, frames: int) -> None:
-    """The server process: the runtime's server, its engine replaced by one that answers at once."""
+def _paced_engine_class():
+    """``PacedEngine``, defined once the runtime is importable (its base class is the runtime's ``Engine``)."""
     import numpy as np  # noqa: PLC0415
 
-    import chattts_runtime.server as server  # noqa: PLC0415
-    from chattts_runtime.config import RuntimeConfig  # noqa: PLC0415
     from chattts_runtime.engines.base import Engine, FrameChunk  # noqa: PLC0415
+    from chattts_runtime.engines.plumbing import RequestPlumbing  # noqa: PLC0415
 
-    sizes = chunk_schedule(frames)
+    class PacedEngine(Engine):
+        """A stand-in for the graph engine's worker loop, with no model: every ``step_ms`` each running
+        request gains one frame, and its audio window (silence, already decoded) goes out when the runtime's
+        window schedule says it is due, all of a step's windows in one batch, as the graph engine emits them.
+        It runs behind the real ``ProcessEngine`` in an engine process (``--process separate``, as on a GPU)
+        or in the server's process (``same``); either way through the engines' own ``RequestPlumbing``."""
 
-    class AnswersAtOnce(Engine):
-        name = "answers-at-once"
-        decodes_audio = True  # chunks carry decoded audio, as the graph engine's do
+        name = "paced"
+        decodes_audio = True
         refines_text = False
+        max_num_seqs = None
 
-        def __init__(self, samples_per_frame: int, num_vq: int):
-            self.max_model_len, self.max_num_seqs, self.max_waiting = 1024, 256, 4096
+        def __init__(self, observer, *, frames: int, step_ms: float, samples_per_frame: int, num_vq: int):
+            import types  # noqa: PLC0415
+
+            self.observer, self.step_s = observer, step_ms / 1000
             self.samples_per_frame, self.num_vq = samples_per_frame, num_vq
+            self.max_model_len, self.max_waiting = 1024, 4096
+            self.window_ends = list(np.cumsum(chunk_schedule(frames)))
+            self.model = types.SimpleNamespace(sizes=types.SimpleNamespace(gpt=types.SimpleNamespace(num_vq=num_vq)))
+            self.requests = RequestPlumbing(max_waiting=self.max_waiting, num_vq=num_vq,
+                                            request_id=lambda request: request.request_id)
+            self._running: dict[str, list[int]] = {}  # request id -> [frames made, windows sent]
 
+        # the event-loop side (in the server's process)
         async def start(self) -> None:
-            pass
+            self.requests.bind_loop()
+            self.start_worker()
 
         async def stop(self) -> None:
-            pass
+            await asyncio.to_thread(self.stop_worker)
+            self.requests.close_streams()
 
         def submit(self, request):
-            async def chunks():
-                for i, n in enumerate(sizes):
-                    await asyncio.sleep(0)  # other streams' chunks interleave, as they would
-                    last = i == len(sizes) - 1
-                    yield FrameChunk(np.zeros((n, self.num_vq), np.int64),
-                                     audio=np.zeros(n * self.samples_per_frame, np.float32),
-                                     finished=last, finish_reason="length" if last else None)
-            return chunks()
+            return self.requests.submit(request, self.enqueue, self.abort)
+
+        # what the engine process drives too
+        def enqueue(self, request) -> None:
+            self.requests.add(request)
 
         def abort(self, request_id: str) -> None:
-            pass
+            self.requests.abort(request_id)
 
         @property
         def num_waiting(self) -> int:
-            return 0
+            return self.requests.num_waiting
 
         @property
         def num_running(self) -> int:
-            return 0
+            return len(self._running)
 
         def describe(self) -> dict:
-            return {"kind": self.name}
+            return {"kind": self.name, "step_ms": 1000 * self.step_s}
 
-    server.create_engine = lambda config, model, *a, **k: AnswersAtOnce(model.sizes.samples_per_frame,
-                                                                         model.sizes.gpt.num_vq)
+        def _empty(self):
+            return np.zeros((0, self.num_vq), np.int64)
+
+        def start_worker(self) -> None:
+            self.requests.start_worker(self._work, "paced-engine")
+
+        def stop_worker(self) -> None:
+            self.requests.stop_worker()
+
+        def _work(self) -> None:
+            due = time.monotonic()
+            while True:
+                with self.requests.cond:
+                    if not self.requests.wait_for_work(lambda: bool(self._running)):
+                        return
+                    aborted = self.requests.take_aborted()
+                    new = list(self.requests.waiting)
+                    self.requests.waiting.clear()
+                for request in new:
+                    self.observer.on_scheduled(request, 0.0)
+                    self._running[request.request_id] = [0, 0]
+                for request_id in aborted:
+                    self._running.pop(request_id, None)
+                batch = []
+                for request_id, state in list(self._running.items()):
+                    state[0] += 1
+                    if state[0] < self.window_ends[state[1]]:
+                        continue
+                    frames = state[0] - (self.window_ends[state[1] - 1] if state[1] else 0)
+                    state[1] += 1
+                    last = state[1] == len(self.window_ends)
+                    batch.append((request_id, FrameChunk(
+                        np.zeros((frames, self.num_vq), np.int64),
+                        audio=np.zeros(frames * self.samples_per_frame, np.float32),
+                        finished=last, finish_reason="length" if last else None)))
+                    if last:
+                        del self._running[request_id]
+                self.observer.on_step(len(self._running) + len(batch))
+                if batch:
+                    self.requests.emit(batch)
+                now = time.monotonic()
+                due = max(due + self.step_s, now - self.step_s)  # after a stall: no burst of catch-up steps
+                time.sleep(max(0.0, due - now))
+
+    return PacedEngine
+
+
+def _paced_engine_process(spec, requests, events) -> None:
+    """The engine process's entry point, building the paced engine instead of a model's."""
+    import chattts_runtime.engines.process as engine_process  # noqa: PLC0415
+
+    paced = _paced_engine_class()
+    engine_process._build_engine = lambda spec, observer: paced(observer, **spec.kwargs)
+    engine_process.engine_process_main(spec, requests, events)
+
+
+def _serve(checkpoint: str, port: int, frames: int, process: str, step_ms: float) -> None:
+    """The server process: the runtime's server, its engine the paced one."""
+    import chattts_runtime.engines.process as engine_process  # noqa: PLC0415
+    import chattts_runtime.server as server  # noqa: PLC0415
+    from chattts_runtime.config import RuntimeConfig  # noqa: PLC0415
+
+    def create_engine(config, model, observer, on_failure=None):
+        kwargs = {"frames": frames, "step_ms": step_ms, "samples_per_frame": model.sizes.samples_per_frame,
+                  "num_vq": model.sizes.gpt.num_vq}
+        if process == "same":
+            return _paced_engine_class()(observer, **kwargs)
+        engine_process.engine_process_main = _paced_engine_process  # what ProcessEngine spawns
+        spec = engine_process.ChildEngine("paced", checkpoint, "cpu", "float32", kwargs)
+        return engine_process.ProcessEngine(spec, max_waiting=4096, max_model_len=1024, observer=observer,
+                                            on_failure=on_failure)
+
+    server.create_engine = create_engine
     config = RuntimeConfig.model_validate({
         "model": {"path": checkpoint}, "engine_kind": "reference", "device": "cpu",
         "server": {"host": "127.0.0.1", "port": port, "max_queue": 4096},
@@ -158,7 +244,8 @@ class _Polled:
         return self.process.exitcode
 
 
-def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
+def measure(requests: int, concurrency: int, frames: int = FRAMES, process: str = "separate",
+            step_ms: float = STEP_MS) -> dict:
     from chattts_runtime.testing import make_tiny_checkpoint  # noqa: PLC0415
 
     ctx = multiprocessing.get_context("spawn")
@@ -166,7 +253,8 @@ def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
         checkpoint = make_tiny_checkpoint(Path(tmp) / "ckpt")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        server = ctx.Process(target=_serve, args=(str(checkpoint), port, frames), daemon=True)
+        # Not a daemon: it starts the engine process itself (terminated in the finally below).
+        server = ctx.Process(target=_serve, args=(str(checkpoint), port, frames, process, step_ms))
         server.start()
         try:
             asyncio.run(wait_ready(url, _Polled(server), timeout=300))
@@ -186,10 +274,13 @@ def measure(requests: int, concurrency: int, frames: int = FRAMES) -> dict:
             if status != "ok":
                 raise RuntimeError(f"the clients failed: {ttfa}")
         finally:
-            server.terminate()
-            server.join(30)
+            server.terminate()  # SIGTERM: the server drains, stops its engine process and exits
+            server.join(60)
+            if server.is_alive():
+                server.kill()
     audio_s = requests * frames * FRAME_SECONDS
-    return {"requests": requests, "concurrency": concurrency, "frames": frames,
+    return {"requests": requests, "concurrency": concurrency, "frames": frames, "process": process,
+            "step_ms": step_ms,
             "chunks_per_request": len(chunk_schedule(frames)), "wall_s": round(wall, 3),
             "server_cpu_s": round(cpu, 3), "server_cores": round(cpu / wall, 3),
             "server_cpu_ms_per_request": round(1e3 * cpu / requests, 4),
@@ -202,12 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000, help="requests measured (after 16 to warm up)")
     parser.add_argument("--concurrency", type=int, default=64, help="closed-loop streams")
     parser.add_argument("--frames", type=int, default=FRAMES, help="frames per response (21.3 ms each)")
+    parser.add_argument("--process", choices=("separate", "same"), default="separate",
+                        help="the engine in a process of its own behind ProcessEngine (as on a GPU) or in the server's")
+    parser.add_argument("--step-ms", type=float, default=STEP_MS,
+                        help="the stand-in engine's step: every running request gains a frame per step")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
     if min(args.requests, args.concurrency, args.frames) < 1:
         parser.error("--requests, --concurrency and --frames must be at least 1")
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-              **measure(args.requests, args.concurrency, args.frames)}
+              **measure(args.requests, args.concurrency, args.frames, args.process, args.step_ms)}
     print(json.dumps(result))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
