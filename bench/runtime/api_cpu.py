@@ -31,8 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.runtime.launch import free_port, wait_ready
 from bench.runtime.speech_api import process_cpu_seconds
+from chattts_runtime.audio_io import StreamWindows
+from chattts_runtime.engines.base import Engine, FrameChunk
+from chattts_runtime.engines.plumbing import RequestPlumbing
 
 FRAMES = 128
 FRAME_SECONDS = 512 / 24_000  # one frame of ChatTTS's codes: 21.3 ms of audio
@@ -43,8 +48,6 @@ BODY = {"model": "chattts", "input": "benchmark sentence 7: the quick brown fox 
 
 def chunk_schedule(frames: int, chunk_frames: int = 24) -> list[int]:
     """Frames per streamed chunk of a ``frames``-long response: the runtime's own window schedule."""
-    from chattts_runtime.audio_io import StreamWindows  # noqa: PLC0415
-
     windows, sizes, done = StreamWindows(chunk_frames), [], 0
     while done < frames:
         end = min(windows.next_end(done), frames)
@@ -53,120 +56,110 @@ def chunk_schedule(frames: int, chunk_frames: int = 24) -> list[int]:
     return sizes
 
 
-def _paced_engine_class():
-    """``PacedEngine``, defined once the runtime is importable (its base class is the runtime's ``Engine``)."""
-    import numpy as np  # noqa: PLC0415
+class PacedEngine(Engine):
+    """A stand-in for the graph engine's worker loop, with no model: every ``step_ms`` each running
+    request gains one frame, and its audio window (silence, already decoded) goes out when the runtime's
+    window schedule says it is due, all of a step's windows in one batch, as the graph engine emits them.
+    It runs behind the real ``ProcessEngine`` in an engine process (``--process separate``, as on a GPU)
+    or in the server's process (``same``); either way through the engines' own ``RequestPlumbing``."""
 
-    from chattts_runtime.engines.base import Engine, FrameChunk  # noqa: PLC0415
-    from chattts_runtime.engines.plumbing import RequestPlumbing  # noqa: PLC0415
+    name = "paced"
+    decodes_audio = True
+    refines_text = False
+    max_num_seqs = None
 
-    class PacedEngine(Engine):
-        """A stand-in for the graph engine's worker loop, with no model: every ``step_ms`` each running
-        request gains one frame, and its audio window (silence, already decoded) goes out when the runtime's
-        window schedule says it is due, all of a step's windows in one batch, as the graph engine emits them.
-        It runs behind the real ``ProcessEngine`` in an engine process (``--process separate``, as on a GPU)
-        or in the server's process (``same``); either way through the engines' own ``RequestPlumbing``."""
+    def __init__(self, observer, *, frames: int, step_ms: float, samples_per_frame: int, num_vq: int):
+        import types  # noqa: PLC0415
 
-        name = "paced"
-        decodes_audio = True
-        refines_text = False
-        max_num_seqs = None
+        self.observer, self.step_s = observer, step_ms / 1000
+        self.samples_per_frame, self.num_vq = samples_per_frame, num_vq
+        self.max_model_len, self.max_waiting = 1024, 4096
+        self.window_ends = list(np.cumsum(chunk_schedule(frames)))
+        self.model = types.SimpleNamespace(sizes=types.SimpleNamespace(gpt=types.SimpleNamespace(num_vq=num_vq)))
+        self.requests = RequestPlumbing(max_waiting=self.max_waiting, num_vq=num_vq,
+                                        request_id=lambda request: request.request_id)
+        self._running: dict[str, list[int]] = {}  # request id -> [frames made, windows sent]
 
-        def __init__(self, observer, *, frames: int, step_ms: float, samples_per_frame: int, num_vq: int):
-            import types  # noqa: PLC0415
+    # the event-loop side (in the server's process)
+    async def start(self) -> None:
+        self.requests.bind_loop()
+        self.start_worker()
 
-            self.observer, self.step_s = observer, step_ms / 1000
-            self.samples_per_frame, self.num_vq = samples_per_frame, num_vq
-            self.max_model_len, self.max_waiting = 1024, 4096
-            self.window_ends = list(np.cumsum(chunk_schedule(frames)))
-            self.model = types.SimpleNamespace(sizes=types.SimpleNamespace(gpt=types.SimpleNamespace(num_vq=num_vq)))
-            self.requests = RequestPlumbing(max_waiting=self.max_waiting, num_vq=num_vq,
-                                            request_id=lambda request: request.request_id)
-            self._running: dict[str, list[int]] = {}  # request id -> [frames made, windows sent]
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.stop_worker)
+        self.requests.close_streams()
 
-        # the event-loop side (in the server's process)
-        async def start(self) -> None:
-            self.requests.bind_loop()
-            self.start_worker()
+    def submit(self, request):
+        return self.requests.submit(request, self.enqueue, self.abort)
 
-        async def stop(self) -> None:
-            await asyncio.to_thread(self.stop_worker)
-            self.requests.close_streams()
+    # what the engine process drives too
+    def enqueue(self, request) -> None:
+        self.requests.add(request)
 
-        def submit(self, request):
-            return self.requests.submit(request, self.enqueue, self.abort)
+    def abort(self, request_id: str) -> None:
+        self.requests.abort(request_id)
 
-        # what the engine process drives too
-        def enqueue(self, request) -> None:
-            self.requests.add(request)
+    @property
+    def num_waiting(self) -> int:
+        return self.requests.num_waiting
 
-        def abort(self, request_id: str) -> None:
-            self.requests.abort(request_id)
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
-        @property
-        def num_waiting(self) -> int:
-            return self.requests.num_waiting
+    def describe(self) -> dict:
+        return {"kind": self.name, "step_ms": 1000 * self.step_s}
 
-        @property
-        def num_running(self) -> int:
-            return len(self._running)
+    def _empty(self):
+        return np.zeros((0, self.num_vq), np.int64)
 
-        def describe(self) -> dict:
-            return {"kind": self.name, "step_ms": 1000 * self.step_s}
+    def start_worker(self) -> None:
+        self.requests.start_worker(self._work, "paced-engine")
 
-        def _empty(self):
-            return np.zeros((0, self.num_vq), np.int64)
+    def stop_worker(self) -> None:
+        self.requests.stop_worker()
 
-        def start_worker(self) -> None:
-            self.requests.start_worker(self._work, "paced-engine")
-
-        def stop_worker(self) -> None:
-            self.requests.stop_worker()
-
-        def _work(self) -> None:
-            due = time.monotonic()
-            while True:
-                with self.requests.cond:
-                    if not self.requests.wait_for_work(lambda: bool(self._running)):
-                        return
-                    aborted = self.requests.take_aborted()
-                    new = list(self.requests.waiting)
-                    self.requests.waiting.clear()
-                for request in new:
-                    self.observer.on_scheduled(request, 0.0)
-                    self._running[request.request_id] = [0, 0]
-                for request_id in aborted:
-                    self._running.pop(request_id, None)
-                batch = []
-                for request_id, state in list(self._running.items()):
-                    state[0] += 1
-                    if state[0] < self.window_ends[state[1]]:
-                        continue
-                    frames = state[0] - (self.window_ends[state[1] - 1] if state[1] else 0)
-                    state[1] += 1
-                    last = state[1] == len(self.window_ends)
-                    batch.append((request_id, FrameChunk(
-                        np.zeros((frames, self.num_vq), np.int64),
-                        audio=np.zeros(frames * self.samples_per_frame, np.float32),
-                        finished=last, finish_reason="length" if last else None)))
-                    if last:
-                        del self._running[request_id]
-                self.observer.on_step(len(self._running) + len(batch))
-                if batch:
-                    self.requests.emit(batch)
-                now = time.monotonic()
-                due = max(due + self.step_s, now - self.step_s)  # after a stall: no burst of catch-up steps
-                time.sleep(max(0.0, due - now))
-
-    return PacedEngine
+    def _work(self) -> None:
+        due = time.monotonic()
+        while True:
+            with self.requests.cond:
+                if not self.requests.wait_for_work(lambda: bool(self._running)):
+                    return
+                aborted = self.requests.take_aborted()
+                new = list(self.requests.waiting)
+                self.requests.waiting.clear()
+            for request in new:
+                self.observer.on_scheduled(request, 0.0)
+                self._running[request.request_id] = [0, 0]
+            for request_id in aborted:
+                self._running.pop(request_id, None)
+            batch = []
+            for request_id, state in list(self._running.items()):
+                state[0] += 1
+                if state[0] < self.window_ends[state[1]]:
+                    continue
+                frames = state[0] - (self.window_ends[state[1] - 1] if state[1] else 0)
+                state[1] += 1
+                last = state[1] == len(self.window_ends)
+                batch.append((request_id, FrameChunk(
+                    np.zeros((frames, self.num_vq), np.int64),
+                    audio=np.zeros(frames * self.samples_per_frame, np.float32),
+                    finished=last, finish_reason="length" if last else None)))
+                if last:
+                    del self._running[request_id]
+            self.observer.on_step(len(self._running) + len(batch))
+            if batch:
+                self.requests.emit(batch)
+            now = time.monotonic()
+            due = max(due + self.step_s, now - self.step_s)  # after a stall: no burst of catch-up steps
+            time.sleep(max(0.0, due - now))
 
 
 def _paced_engine_process(spec, requests, events) -> None:
     """The engine process's entry point, building the paced engine instead of a model's."""
     import chattts_runtime.engines.process as engine_process  # noqa: PLC0415
 
-    paced = _paced_engine_class()
-    engine_process._build_engine = lambda spec, observer: paced(observer, **spec.kwargs)
+    engine_process._build_engine = lambda spec, observer: PacedEngine(observer, **spec.kwargs)
     engine_process.engine_process_main(spec, requests, events)
 
 
@@ -180,7 +173,7 @@ def _serve(checkpoint: str, port: int, frames: int, process: str, step_ms: float
         kwargs = {"frames": frames, "step_ms": step_ms, "samples_per_frame": model.sizes.samples_per_frame,
                   "num_vq": model.sizes.gpt.num_vq}
         if process == "same":
-            return _paced_engine_class()(observer, **kwargs)
+            return PacedEngine(observer, **kwargs)
         engine_process.engine_process_main = _paced_engine_process  # what ProcessEngine spawns
         spec = engine_process.ChildEngine("paced", checkpoint, "cpu", "float32", kwargs)
         return engine_process.ProcessEngine(spec, max_waiting=4096, max_model_len=1024, observer=observer,

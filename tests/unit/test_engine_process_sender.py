@@ -55,7 +55,11 @@ def _loops():
     return loops
 
 
-@pytest.mark.parametrize("make_loop", [m for _, m in _loops()], ids=[n for n, _ in _loops()])
+_NAMED_LOOPS = dict(_loops())
+LOOPS = pytest.mark.parametrize("make_loop", list(_NAMED_LOOPS.values()), ids=list(_NAMED_LOOPS))
+
+
+@LOOPS
 def test_the_loop_writer_never_waits_for_the_child_and_its_frames_are_what_recv_reads(make_loop):
     reader, writer_end = multiprocessing.Pipe(duplex=False)
     payload = b"x" * (256 << 10)
@@ -93,7 +97,7 @@ def test_the_loop_writer_never_waits_for_the_child_and_its_frames_are_what_recv_
     assert [i for i, _ in got] == list(range(64)) and all(body == payload for _, body in got)
 
 
-@pytest.mark.parametrize("make_loop", [m for _, m in _loops()], ids=[n for n, _ in _loops()])
+@LOOPS
 def test_the_loop_writer_whose_child_is_gone_says_so(make_loop):
     reader, writer_end = multiprocessing.Pipe(duplex=False)
 

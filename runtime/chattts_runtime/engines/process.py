@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import struct
 import threading
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, AsyncIterator, Callable
 
 import numpy as np
@@ -169,8 +170,6 @@ class _LoopWriter:
         if threading.get_ident() != self._thread:
             self._loop.call_soon_threadsafe(self.send, message)
             return True
-        from multiprocessing.reduction import ForkingPickler  # noqa: PLC0415
-
         data = ForkingPickler.dumps(message)
         size = len(data)
         header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", size)
