@@ -9,7 +9,8 @@ streams fell a quarter short of the same engine driven directly
 server and its engine core.
 
 :class:`ProcessEngine` is the API side: an :class:`Engine` whose ``submit`` sends the
-request over a pipe to a child process and whose streams are fed by a reader thread.
+request over a pipe to a child process and whose streams are fed from the event pipe, which the event loop
+reads itself (:class:`_FrameReader`).
 The child (:func:`engine_process_main`) loads the model itself, runs a normal engine's
 worker thread, and sends each batch of chunks back as one message, with the observer's
 readings (scheduler waits, batch sizes) and the queue lengths. Nothing else crosses:
@@ -182,6 +183,61 @@ class _LoopWriter:
             self._transport.close()
 
 
+class _FrameReader(asyncio.Protocol):
+    """The parent's end of the event pipe, read by its event loop: each frame ``Connection.send`` wrote
+    (the child's ``_Sender``) is unpickled and handed to ``on_message`` in order; ``on_closed`` once the
+    child's end is closed.
+
+    A reader thread would cost an interpreter-lock hand-off and a wake-up of the loop
+    (``call_soon_threadsafe``) for every message, on the speech API's busiest core; the loop reads the pipe
+    between its other callbacks instead."""
+
+    def __init__(self, on_message: Callable[[Any], None], on_closed: Callable[[], None]):
+        self._on_message = on_message
+        self._on_closed = on_closed
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start, end = 0, len(buffer)
+        messages = []
+        while end - start >= 4:
+            (size,) = struct.unpack_from("!i", buffer, start)
+            head = 4
+            if size == -1:  # a frame over 2 GiB: its size follows as 8 bytes
+                if end - start < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", buffer, start + 4)
+                head = 12
+            if end - start < head + size:
+                break
+            with memoryview(buffer) as view:
+                messages.append(ForkingPickler.loads(view[start + head:start + head + size]))
+            start += head + size
+        if start:
+            del buffer[:start]  # once per read, not once per frame
+        for message in messages:
+            self._on_message(message)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc) -> None:
+        self._on_closed()
+
+
+async def read_frames(connection, on_message: Callable[[Any], None], on_closed: Callable[[], None]):
+    """Read ``connection``'s frames on the running loop from now on (the connection itself is closed)."""
+    import os  # noqa: PLC0415
+
+    pipe = os.fdopen(os.dup(connection.fileno()), "rb", buffering=0)
+    connection.close()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: _FrameReader(on_message, on_closed), pipe)
+    return transport
+
+
 def engine_process_main(spec: ChildEngine, requests, events) -> None:
     """The child: build the engine, then serve messages from ``requests`` until "stop" or EOF."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [engine] %(message)s")
@@ -268,7 +324,8 @@ class ProcessEngine(Engine):
         self._process = None
         self._to_child: _LoopWriter | None = None
         self._from_child = None
-        self._reader: threading.Thread | None = None
+        self._reader: asyncio.ReadTransport | None = None
+        self._reaping: asyncio.Future | None = None  # the child is reaped after its event pipe closed
         self._ready: asyncio.Future | None = None
         self._num_vq = 1
 
@@ -284,18 +341,12 @@ class ProcessEngine(Engine):
         _widen(to_child)
         self._to_child = _LoopWriter()
         await self._to_child.open(to_child)
-        # The reader thread must get the interpreter lock promptly when a message lands (at the
-        # default 5 ms switch interval the event loop holds it that long; the pipe fills meanwhile).
-        import sys  # noqa: PLC0415
-
-        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._process = ctx.Process(target=engine_process_main, args=(self.spec, child_requests, child_events),
                                     name=f"chattts-{self.spec.kind}-engine", daemon=True)
         self._process.start()
         child_requests.close()
         child_events.close()
-        self._reader = threading.Thread(target=self._read, name="chattts-engine-reader", daemon=True)
-        self._reader.start()
+        self._reader = await read_frames(self._from_child, self._on_message, self._child_closed)
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), self.start_timeout)
         except asyncio.TimeoutError:
@@ -311,6 +362,8 @@ class ProcessEngine(Engine):
                 self._process.kill()
         if self._to_child is not None:
             self._to_child.close()
+        if self._reader is not None:
+            self._reader.close()
         self._end_all("aborted", None)
 
     # -- requests ------------------------------------------------------------------------------
@@ -371,28 +424,19 @@ class ProcessEngine(Engine):
         """Queue a message for the child (never waits); False once the pipe is known to be broken."""
         return self._to_child is not None and self._to_child.send(message)
 
-    # -- the reader thread and the event loop ----------------------------------------------------
+    # -- messages from the child, on the event loop ----------------------------------------------
 
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._from_child.recv()
-            except (EOFError, OSError):
-                break
-            try:
-                self._loop.call_soon_threadsafe(self._on_message, message)
-            except RuntimeError:  # the event loop is gone
-                return
-            if message[0] in ("stopped", "failed"):
-                return
-        code = None
-        if self._process is not None:
-            self._process.join(timeout=10)  # EOF can come a moment before the child is reaped
-            code = self._process.exitcode
-        try:
-            self._loop.call_soon_threadsafe(self._on_message, ("died", code))
-        except RuntimeError:
-            pass
+    def _child_closed(self) -> None:
+        """The child's end of the event pipe closed: it stopped, failed or died (reaped off the loop)."""
+        async def reap() -> None:
+            code = None
+            if self._process is not None:
+                # EOF can come a moment before the child is reaped.
+                await asyncio.to_thread(self._process.join, 10)
+                code = self._process.exitcode
+            self._on_message(("died", code))
+
+        self._reaping = asyncio.ensure_future(reap())
 
     def _on_message(self, message) -> None:
         kind = message[0]
