@@ -218,7 +218,10 @@ class _FrameReader(asyncio.Protocol):
         if start:
             del buffer[:start]  # once per read, not once per frame
         for message in messages:
-            self._on_message(message)
+            try:
+                self._on_message(message)
+            except Exception:  # noqa: BLE001  (one message's handling; the pipe itself is intact)
+                log.exception("handling the engine process's %r message failed", message[0])
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
