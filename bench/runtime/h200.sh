@@ -32,6 +32,9 @@
 #                may have several B arms.
 # --vs KEY=VALUE@STEP[,STEP]   a B arm of this tree with one more engine setting (--engine-setting KEY=VALUE),
 #                e.g. --vs audio_batch_rows=1@faithful: what that setting changes, in the same lease. Repeatable.
+# --gpu-profile STEP[,STEP]   in that step (its A arm) the graph engine's process records short torch.profiler
+#                windows of the GPU's work (bench/runtime/gpu_profile.py; GPU_PROFILE_DELAY_S, _EVERY_S, _WINDOW_S):
+#                busy share, per stream, kernels by family; summaries in logs.tar.gz (gpu-profile-STEP/).
 # --smoke        every step at the tiny size on the CPU, one level, one round (CI: tests/bench): CUDA-only
 #                steps (anchor, graph_check, upstream) only check that they parse. No wheels are installed.
 # Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
@@ -47,6 +50,7 @@ STEPS="${STEPS:-}"
 BUDGET_S="${BUDGET_S:-520}"
 WHEELS="${WHEELS:-.whl}"  # cp312 wheels for the device image; WHEELS=none skips them
 with_anchor=0 with_reference=0 with_loadgen=1 smoke=0
+declare -A PROFILED=()  # steps (A arm) whose engine process records GPU profile windows (--gpu-profile)
 declare -A AB=()  # step -> its B arms: revisions whose runtime serves it, or set:KEY=VALUE (this tree, one more setting)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -66,11 +70,12 @@ while [ $# -gt 0 ]; do
       fi
       for vs_step in ${vs_steps//,/ }; do AB[$vs_step]="${AB[$vs_step]:-} set:$setting"; done
       shift ;;
+    --gpu-profile) for p_step in ${2//,/ }; do PROFILED[$p_step]=1; done; shift ;;
     --reference) with_reference=1 ;;
     --no-loadgen) with_loadgen=0 ;;
     --steps) STEPS="$2"; shift ;;
     --budget) BUDGET_S="$2"; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -223,10 +228,14 @@ run_arm() {
     echo "== $name: ${STATUS[$name]}"
     return
   fi
-  echo "== $(date -u +%T) $name (limit ${limit}s): $cmd"
+  step_env=()
+  if [ "$arm" = A ] && [ -n "${PROFILED[$step]:-}" ]; then  # the engine process profiles itself (sitecustomize)
+    step_env=(env "GPU_PROFILE_DIR=$STAGE/logs/gpu-profile-$step" "PYTHONPATH=bench/runtime/gpu_profile_hook:$PYTHONPATH")
+  fi
+  echo "== $(date -u +%T) $name (limit ${limit}s): ${step_env[*]} $cmd"
   t0=$SECONDS
   # timeout signals its whole process group: the runtime server and load generator children too.
-  timeout -k 10 "$limit" $cmd 2>&1 | tee "$STAGE/logs/$name.log"
+  timeout -k 10 "$limit" "${step_env[@]}" $cmd 2>&1 | tee "$STAGE/logs/$name.log"
   rc=${PIPESTATUS[0]}
   took=$((SECONDS - t0))
   case "$rc" in

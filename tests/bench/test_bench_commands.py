@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,12 @@ def _run(cmd: list[str], tmp_path: Path, timeout: float) -> subprocess.Completed
 def test_every_step_of_the_gpu_script_runs_at_the_tiny_size_with_an_ab_arm(tmp_path):
     subprocess.run(["bash", "bench/runtime/ab_prepare.sh", "HEAD"], cwd=REPO, check=True, capture_output=True)
     out_dir = tmp_path / "out"
-    env = {**_env(tmp_path), "OUT": str(out_dir)}
+    # The graph step's A arm is profiled; on the CPU the engine runs in the server's process, which profiles.
+    env = {**_env(tmp_path), "OUT": str(out_dir), "GPU_PROFILE_PROCESS": "MainProcess", "GPU_PROFILE_DELAY_S": "1",
+           "GPU_PROFILE_WINDOW_S": "0.2", "GPU_PROFILE_COUNT": "1"}
     proc = subprocess.run(["bash", "bench/runtime/h200.sh", "--smoke", "--steps", STEPS, "--ab", "HEAD=graph",
-                           "--vs", "audio_batch_rows=1@graph", "--budget", "3000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3300)
+                           "--vs", "audio_batch_rows=1@graph", "--gpu-profile", "graph", "--budget", "3000"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=3300)
     summary = (out_dir / "summary.txt").read_text() if (out_dir / "summary.txt").exists() else ""
     assert proc.returncode == 0, f"h200.sh --smoke failed:\n{summary}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     for step in [*STEPS.split(), "graph@HEAD", "graph@audio_batch_rows-1"]:
@@ -52,6 +56,9 @@ def test_every_step_of_the_gpu_script_runs_at_the_tiny_size_with_an_ab_arm(tmp_p
     assert not list((REPO / "bench" / "results").glob("runtime-h200-*-smoke*"))
     for name in ("summary.txt", "results.tar.gz", "logs.tar.gz"):
         assert (out_dir / name).stat().st_size > 0
+    with tarfile.open(out_dir / "logs.tar.gz") as logs:
+        profiles = [n for n in logs.getnames() if re.search(r"gpu-profile-graph/gpu-profile-\d+-0\.json$", n)]
+    assert profiles, "the profiled step left no summary"
 
 
 def test_the_gpu_script_refuses_a_typo_before_it_runs_anything(tmp_path):
