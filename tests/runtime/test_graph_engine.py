@@ -278,3 +278,35 @@ def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_c
     assert engine.substeps > 20 and engine.steps > engine.substeps
     assert [c for c, _, _ in reference] == codes
     assert tokens == refined
+
+
+def test_substeps_too_wide_are_counted_with_what_made_them_too_wide(tiny_model):
+    """Only voice passes in the engine: the first-audio rows fill the whole step, so no substep can be narrower
+    than half of it. Every full step says so, with the rows, their span, those above the low slots kept for
+    them and the step's bucket."""
+    from chattts_runtime.engines.schedule import Stage
+
+    def voice(i, text):
+        made = request(tiny_model, i, text, SamplingParams(temperature=0, max_new_frames=30, min_new_frames=30))
+        made.stage = Stage.VOICE
+        return made
+
+    engine = GraphEngine(tiny_model, max_num_seqs=16, pad_shapes=True, first_audio_substeps=2, playing_realtime=1e-9,
+                         stats_interval=None)
+    assert engine.first_audio_slots == 4
+
+    async def run():
+        await engine.start()
+        try:
+            with engine.requests.cond:  # all eight admitted together, before the worker looks
+                streams = [engine.submit(voice(i, TEXTS[i % len(TEXTS)])) for i in range(8)]
+            for stream in streams:
+                async for _ in stream:
+                    pass
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())
+    report = engine._stats.report()
+    assert engine.substeps == 0 and report["substeps_too_wide_per_s"] > 0
+    assert report["too_wide"] == {"urgent_rows": 8.0, "urgent_span": 8.0, "urgent_above_low": 4.0, "full_batch": 8.0}

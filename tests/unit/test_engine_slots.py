@@ -212,7 +212,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     rows.update(first=0, next=4)
     stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 7 of 8
     stats.step(2, np.array([0, 2, 0, 0]), substep=True)  # a first-audio substep over the low slots
-    stats.substep_too_wide()
+    stats.substep_too_wide(12, 40, 3, 64)  # 12 first-audio rows, up to slot 39, 3 above the low slots; a 64-row step
     stats.prefill(3)
     stats.prefill(1)
     stats.audio(5)
@@ -222,13 +222,16 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     report = stats.report()
     assert (report["wall_s"], report["busy_share"]) == (2.0, 0.667)
     assert (report["steps_per_s"], report["substeps_per_s"], report["substeps_too_wide_per_s"]) == (1.5, 0.5, 0.5)
+    assert report["too_wide"] == {"urgent_rows": 12.0, "urgent_span": 40.0, "urgent_above_low": 3.0, "full_batch": 64.0}
     assert report["rows_per_step"] == {"first": 1.0, "voice": 2.0, "next": 1.3, "refine": 0.7}
     assert report["idle_rows_per_step"] == 1.0
     assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
     assert (report["audio_launches_per_s"], report["rows_per_audio_launch"]) == (0.5, 5.0)
     assert report["gpu_wait_share"] == 0.25
     now[0] += 1.0
-    assert stats.report()["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
+    fresh = stats.report()
+    assert fresh["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
+    assert fresh["too_wide"] == dict.fromkeys(("urgent_rows", "urgent_span", "urgent_above_low", "full_batch"), 0.0)
 
 
 def test_the_text_head_takes_the_narrowest_captured_width_that_holds_the_refine_rows():

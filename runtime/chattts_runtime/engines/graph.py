@@ -751,7 +751,9 @@ class GraphEngine(Engine):
         count = self._pace.full_step(time.monotonic(), bool(urgent.any()))
         bound = substep_bound(urgent, self.batch_buckets, batch) if count else None
         if count and bound is None:
-            self._stats.substep_too_wide()
+            held = np.flatnonzero(urgent)
+            self._stats.substep_too_wide(len(held), int(held[-1]) + 1, int((held >= self.first_audio_slots).sum()),
+                                         batch)
         for _ in range(count if bound else 0):
             launched.extend(self._launch_step(bound)[0])
         return launched

@@ -399,6 +399,9 @@ class RefineBook:
 
 
 STAGE_NAMES = ("first", "voice", "next", "refine")  # a step's rows by what they stand for (engines.schedule.Stage)
+# A too-wide step's account (means over those steps): its first-audio rows, the slots up to the highest of
+# them, how many of them sat above the low slots kept for them, and the full step's batch bucket.
+TOO_WIDE_NAMES = ("urgent_rows", "urgent_span", "urgent_above_low", "full_batch")
 
 
 class LoopStats:
@@ -416,6 +419,9 @@ class LoopStats:
         self.began = self._clock()
         self.steps = self.substeps = 0
         self.substeps_too_wide = 0  # full steps whose pace allowed substeps, but the first-audio rows spread too wide
+        # At those steps, summed: the first-audio rows, the slots up to the highest of them, the rows of them
+        # above the low slots kept for them, and the full step's batch bucket (what made each one too wide).
+        self.too_wide = np.zeros(len(TOO_WIDE_NAMES), np.int64)
         self.bucket_rows = 0
         self.rows = np.zeros(len(STAGE_NAMES), np.int64)
         self.prefills = self.prefill_rows = 0
@@ -431,9 +437,12 @@ class LoopStats:
         self.bucket_rows += batch
         self.rows += stage_rows
 
-    def substep_too_wide(self) -> None:
-        """Substeps were due after a full step, but the first-audio rows' bound was over half of it."""
+    def substep_too_wide(self, urgent_rows: int, span: int, above_low: int, full_batch: int) -> None:
+        """Substeps were due after a full step, but the first-audio rows' bound was over half of it:
+        ``urgent_rows`` of them, the highest in slot ``span - 1``, ``above_low`` of them above the low slots
+        kept for them, in a full step over a batch bucket of ``full_batch``."""
         self.substeps_too_wide += 1
+        self.too_wide += (urgent_rows, span, above_low, full_batch)
 
     def prefill(self, rows: int) -> None:
         self.prefills += 1
@@ -458,6 +467,8 @@ class LoopStats:
         out = {"wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
                "steps_per_s": round(self.steps / wall, 1), "substeps_per_s": round(self.substeps / wall, 1),
                "substeps_too_wide_per_s": round(self.substeps_too_wide / wall, 1),
+               "too_wide": {name: round(float(n) / max(self.substeps_too_wide, 1), 1)
+                            for name, n in zip(TOO_WIDE_NAMES, self.too_wide)},
                "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
                "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
                "prefills_per_s": round(self.prefills / wall, 1),
