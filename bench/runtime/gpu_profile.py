@@ -70,7 +70,8 @@ def summarize_trace(trace: dict, window_s: float, top: int = 25) -> dict:
         stream = str(e.get("args", {}).get("stream", e.get("tid", "?")))
         by_stream.setdefault(stream, []).append(span)
         dur = float(e["dur"])
-        by_family[family_of(e.get("name", ""))] = by_family.get(family_of(e.get("name", "")), 0.0) + dur
+        family = family_of(e.get("name", ""))
+        by_family[family] = by_family.get(family, 0.0) + dur
         entry = by_name.setdefault(e.get("name", "")[:160], [0, 0.0])
         entry[0] += 1
         entry[1] += dur

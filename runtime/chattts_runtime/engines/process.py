@@ -26,6 +26,7 @@ import dataclasses
 import gc
 import logging
 import multiprocessing
+import os
 import struct
 import threading
 from multiprocessing.reduction import ForkingPickler
@@ -132,6 +133,30 @@ class _Sender:
                 return
 
 
+# The frames of ``multiprocessing.Connection.send``/``recv`` (a big-endian int32 size, or -1 and then an
+# uint64 size for frames over 2 GiB, then the pickle), written and read here on the event loop while the
+# child keeps its plain ``Connection``.
+def encode_frame(message) -> bytes:
+    data = ForkingPickler.dumps(message)
+    size = len(data)
+    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", size)
+    return header + data
+
+
+def frame_at(buffer, start: int, end: int) -> tuple[int, int] | None:
+    """(header bytes, body bytes) of the whole frame at ``buffer[start:end]``, or None until it has all come."""
+    if end - start < 4:
+        return None
+    (size,) = struct.unpack_from("!i", buffer, start)
+    head = 4
+    if size == -1:
+        if end - start < 12:
+            return None
+        (size,) = struct.unpack_from("!Q", buffer, start + 4)
+        head = 12
+    return (head, size) if end - start >= head + size else None
+
+
 class _LoopWriter:
     """The parent's end of the request pipe, written by its event loop without ever waiting for the child.
 
@@ -150,8 +175,6 @@ class _LoopWriter:
 
     async def open(self, connection) -> None:
         """Write to ``connection``'s pipe from now on (the connection itself is closed)."""
-        import os  # noqa: PLC0415
-
         writer = self
 
         class Lost(asyncio.BaseProtocol):
@@ -171,10 +194,7 @@ class _LoopWriter:
         if threading.get_ident() != self._thread:
             self._loop.call_soon_threadsafe(self.send, message)
             return True
-        data = ForkingPickler.dumps(message)
-        size = len(data)
-        header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", size)
-        self._transport.write(header + data)
+        self._transport.write(encode_frame(message))
         return True
 
     def close(self) -> None:
@@ -202,16 +222,8 @@ class _FrameReader(asyncio.Protocol):
         buffer += data
         start, end = 0, len(buffer)
         messages = []
-        while end - start >= 4:
-            (size,) = struct.unpack_from("!i", buffer, start)
-            head = 4
-            if size == -1:  # a frame over 2 GiB: its size follows as 8 bytes
-                if end - start < 12:
-                    break
-                (size,) = struct.unpack_from("!Q", buffer, start + 4)
-                head = 12
-            if end - start < head + size:
-                break
+        while (frame := frame_at(buffer, start, end)) is not None:
+            head, size = frame
             with memoryview(buffer) as view:
                 messages.append(ForkingPickler.loads(view[start + head:start + head + size]))
             start += head + size
@@ -232,8 +244,6 @@ class _FrameReader(asyncio.Protocol):
 
 async def read_frames(connection, on_message: Callable[[Any], None], on_closed: Callable[[], None]):
     """Read ``connection``'s frames on the running loop from now on (the connection itself is closed)."""
-    import os  # noqa: PLC0415
-
     pipe = os.fdopen(os.dup(connection.fileno()), "rb", buffering=0)
     connection.close()
     transport, _ = await asyncio.get_running_loop().connect_read_pipe(
