@@ -4,7 +4,8 @@
 ``GPU_PROFILE_DIR`` set; every Python process the step starts then runs :func:`start_from_env`, and the one
 named ``GPU_PROFILE_PROCESS`` (default: the graph engine's process, ``chattts-graph-engine``) records the
 GPU's activity (kernels, copies) for ``GPU_PROFILE_WINDOW_S`` seconds every ``GPU_PROFILE_EVERY_S``, after
-``GPU_PROFILE_DELAY_S``. Each window becomes one JSON summary (:func:`summarize_trace`): how much of the
+``GPU_PROFILE_DELAY_S``; the first window's trace is kept (gzip), and every ``GPU_PROFILE_KEEP_EVERY``-th
+with that set. Each window becomes one JSON summary (:func:`summarize_trace`): how much of the
 window the GPU was busy (the union of its kernels and copies over all streams), per stream, and the kernels
 that took the time, grouped by family. On a machine without CUDA the CPU's operators are recorded instead,
 so the CPU smoke tier runs the same code.
@@ -115,7 +116,8 @@ def profile_window(window_s: float, out: Path, index: int, keep_trace: bool) -> 
     return summary
 
 
-def _run(out: Path, process_name: str, delay: float, every: float, window: float, count: int) -> None:
+def _run(out: Path, process_name: str, delay: float, every: float, window: float, count: int,
+         keep_every: int) -> None:
     import multiprocessing  # noqa: PLC0415
 
     time.sleep(delay)  # the spawned process has its name by now, and the engine is loaded
@@ -124,7 +126,7 @@ def _run(out: Path, process_name: str, delay: float, every: float, window: float
     for index in range(count):
         started = time.monotonic()
         try:
-            summary = profile_window(window, out, index, keep_trace=index == 0)
+            summary = profile_window(window, out, index, keep_trace=index == 0 or (keep_every > 0 and index % keep_every == 0))
             print(f"gpu profile {index}: busy {summary['busy_share']}", flush=True)
         except Exception as err:  # noqa: BLE001  (a profiling aid never stops what it watches)
             print(f"gpu profile window {index} failed: {err!r}", flush=True)
@@ -140,6 +142,7 @@ def start_from_env() -> threading.Thread | None:
     thread = threading.Thread(target=_run, name="gpu-profile", daemon=True, args=(
         Path(out), os.environ.get("GPU_PROFILE_PROCESS", "chattts-graph-engine"),
         float(os.environ.get("GPU_PROFILE_DELAY_S", "30")), float(os.environ.get("GPU_PROFILE_EVERY_S", "10")),
-        float(os.environ.get("GPU_PROFILE_WINDOW_S", "1.5")), int(os.environ.get("GPU_PROFILE_COUNT", "30"))))
+        float(os.environ.get("GPU_PROFILE_WINDOW_S", "1.5")), int(os.environ.get("GPU_PROFILE_COUNT", "30")),
+        int(os.environ.get("GPU_PROFILE_KEEP_EVERY", "0") or 0)))
     thread.start()
     return thread
