@@ -185,8 +185,8 @@ def log_size(log: Path) -> int:
 
 
 def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
-    """The graph engine's loop reports logged since byte ``offset`` of the server's ``log``, merged (each
-    figure weighted by its report's wall time), and the log's new end; None when none were logged."""
+    """The graph engine's loop reports logged since byte ``offset`` of the server's ``log``, merged
+    (``merge_loop_reports``), and the log's new end; None when none were logged."""
     try:
         with log.open("rb") as fh:
             fh.seek(offset)
@@ -202,18 +202,39 @@ def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
                 continue
     if not reports:
         return None, offset + len(text)
-    wall = sum(r["wall_s"] for r in reports)
+    return merge_loop_reports(reports), offset + len(text)
 
-    def mean(values) -> float:  # weighted by each report's wall time
-        return round(sum(v * r["wall_s"] for v, r in zip(values, reports)) / wall, 3)
 
-    merged = {"reports": len(reports), "wall_s": round(wall, 1)}
+# What each mean of a loop report is a mean over (engines.slots.LoopStats.report), as a count of the report
+# from its rate: a report with no too-wide step says 0 rows for them, which must not pull the merged mean
+# down. Figures not named here are per second of work (or a share of it): weighted by the work's seconds.
+LOOP_MEAN_OVER = {"rows_per_step": "steps_per_s", "idle_rows_per_step": "steps_per_s",
+                  "rows_per_prefill": "prefills_per_s", "rows_per_audio_launch": "audio_launches_per_s",
+                  "too_wide": "substeps_too_wide_per_s"}
+
+
+def merge_loop_reports(reports: list[dict]) -> dict:
+    """Several loop reports as one: rates and shares weighted by each report's seconds of work, means by
+    the count they are a mean over (``LOOP_MEAN_OVER``); a mean over nothing is 0."""
+    def weight(report: dict, key: str) -> float:
+        over = LOOP_MEAN_OVER.get(key)
+        return report["wall_s"] * (report.get(over, 0.0) if over else 1.0)
+
+    def mean(key: str, values: list[float]) -> float:
+        weights = [weight(r, key) for r in reports]
+        total = sum(weights)
+        return round(sum(v * w for v, w in zip(values, weights)) / total, 3) if total else 0.0
+
+    merged = {"reports": len(reports), "wall_s": round(sum(r["wall_s"] for r in reports), 1)}
     for key, value in reports[0].items():
         if isinstance(value, dict):
-            merged[key] = {name: mean(r[key][name] for r in reports) for name in value}
+            merged[key] = {name: mean(key, [r[key][name] for r in reports]) for name in value}
         elif key != "wall_s":
-            merged[key] = mean(r[key] for r in reports)
-    return merged, offset + len(text)
+            merged[key] = mean(key, [r[key] for r in reports])
+    if all(r.get("busy_share") for r in reports):  # work over elapsed time, both summed
+        merged["busy_share"] = round(sum(r["wall_s"] for r in reports)
+                                     / sum(r["wall_s"] / r["busy_share"] for r in reports), 3)
+    return merged
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -337,20 +358,25 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
     loops = [row for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     if loops:  # the graph engine's own account of each level (engines.slots.LoopStats)
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
-                  "refine / idle | prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |",
-                  "|---|---|---|---|---|---|"]
+                  "refine / idle | substeps too wide/s (their rows / span / above the low slots / full bucket) "
+                  "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |",
+                  "|---|---|---|---|---|---|---|"]
         for row in loops:
             loop = row["engine_loop"]
             rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
+            wide = " / ".join(f"{v:.1f}" for v in loop.get("too_wide", {}).values()) or "-"
             lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} ({loop.get('substeps_per_s', 0):.1f}) "
-                         f"| {rows} | {loop['prefills_per_s']:.1f} "
+                         f"| {rows} | {loop.get('substeps_too_wide_per_s', 0):.1f} ({wide}) "
+                         f"| {loop['prefills_per_s']:.1f} "
                          f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
                          f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} |")
         lines += ["", "Engine loop: the graph engine's account while the level ran (`engine.loop_report_seconds`, "
-                  "merged by wall time): decode steps per second of work (of them, first-audio substeps over the "
-                  "low slots of refine rows and voice passes), each step's rows by stage and the free "
-                  "rows of its batch bucket, prefills and audio-window launches, and the share of the worker's "
-                  "time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
+                  "merged: rates by seconds of work, means by what they are means over): decode steps per second "
+                  "of work (of them, first-audio substeps over the low slots of refine rows and voice passes), each "
+                  "step's rows by stage and the free rows of its batch bucket, the full steps whose pace allowed "
+                  "substeps that did not run because the first-audio rows spread over more than half the step's "
+                  "bucket (what those rows were, as means over such steps), prefills and audio-window launches, "
+                  "and the share of the worker's time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "
               f"({report['environment']['client_lib']} on {report['environment']['client_loop']}), released "
