@@ -20,7 +20,7 @@ import logging
 import time
 
 from chattts_runtime.config import RuntimeConfig
-from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype
+from chattts_runtime.engines.factory import create_engine, load_options, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class ServiceHolder:
 
         try:
             device = resolve_device(self.config)
-            dtype = resolve_dtype(self.config, device)
-            model = await asyncio.to_thread(load_chattts, self.config.model.path, device=device, dtype=dtype)
+            model = await asyncio.to_thread(load_chattts, self.config.model.path, **load_options(self.config, device))
             engine = create_engine(self.config, model, self.metrics, on_failure=self._engine_failed)
             await engine.start()
             # Off the loop: it reads the homophone table and loads the language normalizers' grammars.
@@ -95,8 +94,9 @@ class ServiceHolder:
             gc.collect()
             gc.freeze()
             service.ready = True
-            log.info("model %s loaded on %s (%s), engine %s ready", self.config.model.path, device, dtype,
-                     engine.name)
+            log.info("model %s loaded on %s (%s, audio matrix products in %s), engine %s ready",
+                     self.config.model.path, device, str(model.gpt.dtype).removeprefix("torch."),
+                     "tf32" if model.audio_tf32 else "float32", engine.name)
         except Exception as err:  # noqa: BLE001  (reported through /ready and the exit code)
             log.exception("start-up failed")
             self.failed = f"{type(err).__name__}: {err}"

@@ -97,12 +97,11 @@ async def _run(config: RuntimeConfig, items: list[Item], out_dir: Path, fmt: str
                concurrency: int, summary: Summary) -> None:
     from chattts_runtime.metrics import RuntimeMetrics  # noqa: PLC0415
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
-    from chattts_runtime.engines.factory import create_engine, resolve_device, resolve_dtype  # noqa: PLC0415
+    from chattts_runtime.engines.factory import create_engine, load_options, resolve_device  # noqa: PLC0415
     from chattts_runtime.service import APIError, SpeechRequest, SpeechService  # noqa: PLC0415
 
     device = resolve_device(config)
-    model = await asyncio.to_thread(load_chattts, config.model.path, device=device,
-                                    dtype=resolve_dtype(config, device))
+    model = await asyncio.to_thread(load_chattts, config.model.path, **load_options(config, device))
     metrics = RuntimeMetrics()
     engine = create_engine(config, model, metrics)
     await engine.start()

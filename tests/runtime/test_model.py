@@ -114,3 +114,49 @@ def test_istft_equals_torch_istft(frames):
     got = istft(spec)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def _cuda_fp32_matmul_setting():
+    matmul = torch.backends.cuda.matmul
+    return matmul.fp32_precision if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
+
+
+def test_tf32_audio_matmuls_hold_only_inside_the_audio_decoders(tiny_checkpoint):
+    """engine.audio_precision tf32: the DVAE, Decoder and Vocos run with CUDA's float32 matrix products in TF32,
+    and nothing else does; on the CPU the option is off (there is no TF32), and the setting flows from the
+    config through load_options to the model of the engine's own process."""
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.engines.factory import create_engine, load_options
+    from chattts_runtime.model.loader import tf32_matmuls
+
+    before = _cuda_fp32_matmul_setting()
+    model = load_chattts(tiny_checkpoint, audio_tf32=True)
+    assert model.audio_tf32 is False  # CPU
+    model.audio_tf32 = True  # as on CUDA: the switch is the same, only its effect needs a GPU
+    seen = []
+    for module in (model.dvae, model.decoder, model.vocos):
+        module.register_forward_pre_hook(lambda *_: seen.append(_cuda_fp32_matmul_setting()))
+    try:
+        codes = torch.zeros(1, 4, model.sizes.gpt.num_vq, dtype=torch.long)
+        model.codes_to_audio(codes)
+        model.hidden_to_audio(torch.zeros(1, 4, model.sizes.gpt.hidden_size))
+    finally:
+        model.audio_tf32 = False
+    assert seen == ["tf32" if hasattr(torch.backends.cuda.matmul, "fp32_precision") else True] * 4
+    assert _cuda_fp32_matmul_setting() == before
+    with pytest.raises(RuntimeError, match="boom"), tf32_matmuls(True):
+        raise RuntimeError("boom")
+    assert _cuda_fp32_matmul_setting() == before  # restored on the way out of an error too
+
+    config = RuntimeConfig.model_validate({"engine": {"audio_precision": "tf32"}})
+    assert load_options(config, "cuda")["audio_tf32"] is True
+    # The engine's own process loads its model with the parent model's choice.
+    separate = RuntimeConfig.model_validate({"engine_kind": "graph", "engine": {"process": "separate"}})
+    model.audio_tf32 = True
+    try:
+        assert create_engine(separate, model, observer=None).spec.audio_tf32 is True
+    finally:
+        model.audio_tf32 = False
+    assert load_options(RuntimeConfig(), "cuda")["audio_tf32"] is False  # float32 unless asked
+    with pytest.raises(ValueError, match="audio_precision"):
+        RuntimeConfig.model_validate({"engine": {"audio_precision": "bfloat16"}})

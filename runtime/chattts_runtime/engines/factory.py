@@ -32,7 +32,7 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             from chattts_runtime.engines.process import ChildEngine, ProcessEngine  # noqa: PLC0415
 
             spec = ChildEngine(kind.value, str(config.model.path), model.device.type,
-                              str(model.gpt.dtype).removeprefix("torch."), kwargs)
+                              str(model.gpt.dtype).removeprefix("torch."), kwargs, audio_tf32=model.audio_tf32)
             return ProcessEngine(spec, max_waiting=config.server.max_queue,
                                  max_model_len=config.engine.max_model_len, observer=observer,
                                  on_failure=on_failure)
@@ -68,6 +68,12 @@ def resolve_device(config: RuntimeConfig) -> str:
     import torch  # noqa: PLC0415
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_options(config: RuntimeConfig, device: str) -> dict:
+    """``load_chattts``'s keyword arguments for ``config`` on ``device``."""
+    return {"device": device, "dtype": resolve_dtype(config, device),
+            "audio_tf32": config.engine.audio_precision == "tf32"}
 
 
 def resolve_dtype(config: RuntimeConfig, device: str):

@@ -50,6 +50,7 @@ class ChildEngine:
     device: str
     dtype: str  # torch dtype name, e.g. "bfloat16"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    audio_tf32: bool = False  # ChatTTSModel.audio_tf32 of the parent's model
 
 
 class _Readings:
@@ -80,7 +81,8 @@ def _build_engine(spec: ChildEngine, observer):
 
     from chattts_runtime.model import load_chattts  # noqa: PLC0415
 
-    model = load_chattts(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype))
+    model = load_chattts(spec.checkpoint, device=spec.device, dtype=getattr(torch, spec.dtype),
+                         audio_tf32=spec.audio_tf32)
     from chattts_runtime.engines.factory import in_process_engine  # noqa: PLC0415
 
     return in_process_engine(spec.kind, model, observer, spec.kwargs)

@@ -1,6 +1,7 @@
 """Load a ChatTTS checkpoint directory (official layout) into :class:`ChatTTSModel`."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,8 @@ class ChatTTSModel:
     quantization: dict | None = None
     root: Path | None = None
     encoder: DVAEEncoder | None = None  # reference clip -> codes (voice from a sample); None if not shipped
+    # The audio decoders' float32 matrix products on tensor cores (engine.audio_precision tf32; CUDA only).
+    audio_tf32: bool = False
     # A preset's normalised vector, drawn once: the draw and the norm cost a request a quarter of a
     # millisecond of the speech API's event loop, every time, for the same few vectors.
     _presets: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -93,15 +96,36 @@ class ChatTTSModel:
     @torch.inference_mode()
     def codes_to_audio(self, codes: torch.Tensor) -> torch.Tensor:
         """``codes [B, T, num_vq]`` (long) -> float32 waveform ``[B, T * samples_per_frame]``."""
-        mel = self.dvae(codes.to(self.device).transpose(1, 2))
-        return self.vocos(mel).float()
+        with tf32_matmuls(self.audio_tf32):
+            mel = self.dvae(codes.to(self.device).transpose(1, 2))
+            return self.vocos(mel).float()
 
     @torch.inference_mode()
     def hidden_to_audio(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.decoder is None:
             raise CheckpointError("this checkpoint has no asset/Decoder.safetensors")
-        mel = self.decoder(hidden.to(self.device).transpose(1, 2))
-        return self.vocos(mel).float()
+        with tf32_matmuls(self.audio_tf32):
+            mel = self.decoder(hidden.to(self.device).transpose(1, 2))
+            return self.vocos(mel).float()
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """CUDA float32 matrix products in TF32 inside the block when ``enabled``, as they were after it. The
+    switch is torch's process-wide one: an engine decodes audio on one thread, and captures its audio
+    graphs inside this block, so the replays keep the kernels chosen here."""
+    if not enabled:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    # torch >= 2.9 has fp32_precision; reading state set through the other API is then an error.
+    name, value = ("fp32_precision", "tf32") if hasattr(matmul, "fp32_precision") else ("allow_tf32", True)
+    before = getattr(matmul, name)
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
 
 
 def strip_model_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -113,8 +137,9 @@ def strip_model_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> ChatTTSModel:
-    """Build the modules from the checkpoint's sizes and load every state dict, checked."""
+                 dtype: torch.dtype = torch.float32, audio_tf32: bool = False) -> ChatTTSModel:
+    """Build the modules from the checkpoint's sizes and load every state dict, checked. ``audio_tf32``: the
+    audio decoders' matrix products in TF32 (``ChatTTSModel.audio_tf32``), on CUDA only."""
     root = Path(model_dir)
     sizes = load_model_sizes(root)
     tokenizer = PromptTokenizer(root / layout.TOKENIZER_DIR)
@@ -160,4 +185,5 @@ def load_chattts(model_dir: str | Path, *, device: str | torch.device = "cpu",
     for module in (gpt, dvae, vocos, decoder, encoder):
         if module is not None:
             module.to(dev).eval().requires_grad_(False)
-    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, speaker_stats, quant, root, encoder)
+    return ChatTTSModel(sizes, gpt, dvae, decoder, vocos, tokenizer, speaker_stats, quant, root, encoder,
+                        audio_tf32=audio_tf32 and dev.type == "cuda")
