@@ -4,8 +4,8 @@
 ``GPU_PROFILE_DIR`` set; every Python process the step starts then runs :func:`start_from_env`, and the one
 named ``GPU_PROFILE_PROCESS`` (default: the graph engine's process, ``chattts-graph-engine``) records the
 GPU's activity (kernels, copies) for ``GPU_PROFILE_WINDOW_S`` seconds every ``GPU_PROFILE_EVERY_S``, after
-``GPU_PROFILE_DELAY_S``; the first window's trace is kept (gzip), and every ``GPU_PROFILE_KEEP_EVERY``-th
-with that set. Each window becomes one JSON summary (:func:`summarize_trace`): how much of the
+``GPU_PROFILE_DELAY_S``, each into a trace file. After the step, ``python -m bench.runtime.gpu_profile DIR``
+turns each trace into one JSON summary (:func:`summarize_dir`, :func:`summarize_trace`): how much of the
 window the GPU was busy (the union of its kernels and copies over all streams), per stream, and the kernels
 that took the time, grouped by family. On a machine without CUDA the CPU's operators are recorded instead,
 so the CPU smoke tier runs the same code.
@@ -26,6 +26,8 @@ FAMILIES = (
     ("copy", ("memcpy", "memset")),
     ("attention", ("attention", "flash", "fmha", "sdpa")),
     ("convolution", ("conv", "cudnn", "winograd", "implicit_gemm")),
+    # float32 products on CUDA cores (no tensor cores): the audio decoders' linear layers in float32
+    ("matmul_fp32", ("sgemm", "f32f32_f32f32", "simt")),
     ("matmul", ("gemm", "cutlass", "sm90_", "sm100_", "cublas", "matmul", "nvjet")),
     ("triton", ("triton",)),
     ("reduction", ("reduce", "softmax", "norm", "topk", "sort", "scan", "cumsum")),
@@ -54,16 +56,18 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 def summarize_trace(trace: dict, window_s: float, top: int = 25) -> dict:
     """A Chrome trace (``export_chrome_trace``) of one window as: busy share of the GPU (union over streams),
-    each stream's busy share, time by kernel family and the ``top`` kernels by total time. With no GPU
-    events (a CPU machine), the CPU operators are summarized the same way."""
+    each stream's busy share, time by kernel family and the ``top`` kernels by total time. Shares are of the
+    window, or of the recorded work's span where that is longer (work queued before the window opened is
+    recorded too). With no GPU events (a CPU machine), the CPU operators are summarized the same way."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     device = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     kind = "gpu"
     if not device:
         device = [e for e in events if e.get("cat") == "cpu_op"]
         kind = "cpu_op"
-    window_us = window_s * 1e6
     spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in device]
+    span_us = max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
+    window_us = max(window_s * 1e6, span_us)
     by_stream: dict[str, list[tuple[float, float]]] = {}
     by_family: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
@@ -79,7 +83,7 @@ def summarize_trace(trace: dict, window_s: float, top: int = 25) -> dict:
     busy = _union_us(spans)
     kernels = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
     return {
-        "events": kind, "window_s": round(window_s, 3), "count": len(device),
+        "events": kind, "window_s": round(window_s, 3), "span_ms": round(span_us / 1e3, 2), "count": len(device),
         "busy_share": round(busy / window_us, 4) if window_us else None,
         "busy_ms": round(busy / 1e3, 2),
         "streams": {s: {"busy_share": round(_union_us(v) / window_us, 4), "count": len(v)}
@@ -90,7 +94,11 @@ def summarize_trace(trace: dict, window_s: float, top: int = 25) -> dict:
     }
 
 
-def profile_window(window_s: float, out: Path, index: int, keep_trace: bool) -> dict:
+def profile_window(window_s: float, out: Path, index: int) -> Path:
+    """Record the GPU's work (the CPU's operators without CUDA) for ``window_s`` seconds into
+    ``trace-PID-INDEX.json``, and its time and length into ``window-PID-INDEX.json``; summarized later, outside this process
+    (:func:`summarize_dir`): reading a trace of a busy second holds the interpreter lock for seconds, which
+    would slow the engine it watches."""
     import torch  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -101,23 +109,41 @@ def profile_window(window_s: float, out: Path, index: int, keep_trace: bool) -> 
     with profile(activities=activities) as prof:
         time.sleep(window_s)
     trace_path = out / f"trace-{os.getpid()}-{index}.json"
-    prof.export_chrome_trace(str(trace_path))
-    with open(trace_path) as f:
-        summary = summarize_trace(json.load(f), window_s)
-    summary.update({"pid": os.getpid(), "index": index, "started": round(started, 3)})
-    if keep_trace:
-        import gzip  # noqa: PLC0415
-        import shutil  # noqa: PLC0415
-
-        with open(trace_path, "rb") as src, gzip.open(str(trace_path) + ".gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    trace_path.unlink()
-    (out / f"gpu-profile-{os.getpid()}-{index}.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    prof.export_chrome_trace(str(trace_path))  # written by the profiler's C++ side
+    meta = {"pid": os.getpid(), "index": index, "started": round(started, 3), "window_s": window_s}
+    _meta_path(trace_path).write_text(json.dumps(meta))
+    return trace_path
 
 
-def _run(out: Path, process_name: str, delay: float, every: float, window: float, count: int,
-         keep_every: int) -> None:
+def _meta_path(trace_path: Path) -> Path:
+    return trace_path.with_name(trace_path.name.replace("trace-", "window-", 1))
+
+
+def summarize_dir(directory: Path, keep_every: int = 0) -> list[dict]:
+    """Each window's trace in ``directory`` as ``gpu-profile-PID-INDEX.json`` (:func:`summarize_trace` and
+    the window's meta); the trace itself is kept gzipped for the first window of each process and every
+    ``keep_every``-th, else removed. Returns the summaries in (pid, index) order."""
+    import gzip  # noqa: PLC0415
+
+    summaries = []
+    traces = sorted(directory.glob("trace-*-*.json"), key=lambda p: [int(n) for n in p.stem.split("-")[1:3]])
+    for trace_path in traces:
+        meta_path = _meta_path(trace_path)
+        meta = json.loads(meta_path.read_text())
+        trace_bytes = trace_path.read_bytes()
+        summary = summarize_trace(json.loads(trace_bytes), meta["window_s"])
+        summary.update(meta)
+        (directory / f"gpu-profile-{meta['pid']}-{meta['index']}.json").write_text(json.dumps(summary, indent=1))
+        if meta["index"] == 0 or (keep_every > 0 and meta["index"] % keep_every == 0):
+            with gzip.open(str(trace_path) + ".gz", "wb") as packed:
+                packed.write(trace_bytes)
+        trace_path.unlink()
+        meta_path.unlink()
+        summaries.append(summary)
+    return summaries
+
+
+def _run(out: Path, process_name: str, delay: float, every: float, window: float, count: int) -> None:
     import multiprocessing  # noqa: PLC0415
 
     time.sleep(delay)  # the spawned process has its name by now, and the engine is loaded
@@ -126,8 +152,8 @@ def _run(out: Path, process_name: str, delay: float, every: float, window: float
     for index in range(count):
         started = time.monotonic()
         try:
-            summary = profile_window(window, out, index, keep_trace=index == 0 or (keep_every > 0 and index % keep_every == 0))
-            print(f"gpu profile {index}: busy {summary['busy_share']}", flush=True)
+            profile_window(window, out, index)
+            print(f"gpu profile {index}: recorded", flush=True)
         except Exception as err:  # noqa: BLE001  (a profiling aid never stops what it watches)
             print(f"gpu profile window {index} failed: {err!r}", flush=True)
             return
@@ -142,7 +168,25 @@ def start_from_env() -> threading.Thread | None:
     thread = threading.Thread(target=_run, name="gpu-profile", daemon=True, args=(
         Path(out), os.environ.get("GPU_PROFILE_PROCESS", "chattts-graph-engine"),
         float(os.environ.get("GPU_PROFILE_DELAY_S", "30")), float(os.environ.get("GPU_PROFILE_EVERY_S", "10")),
-        float(os.environ.get("GPU_PROFILE_WINDOW_S", "1.5")), int(os.environ.get("GPU_PROFILE_COUNT", "30")),
-        int(os.environ.get("GPU_PROFILE_KEEP_EVERY", "0") or 0)))
+        float(os.environ.get("GPU_PROFILE_WINDOW_S", "0.5")), int(os.environ.get("GPU_PROFILE_COUNT", "30"))))
     thread.start()
     return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(description="Summarize the GPU profile windows of one benchmark step.")
+    p.add_argument("directory", type=Path)
+    p.add_argument("--keep-every", type=int, default=0, help="keep every n-th window's trace (gzip); 0: the first")
+    args = p.parse_args(argv)
+    for summary in summarize_dir(args.directory, args.keep_every):
+        families = ", ".join(f"{name} {ms}" for name, ms in list(summary["families_ms"].items())[:6])
+        streams = ", ".join(f"{name} {v['busy_share']}" for name, v in summary["streams"].items())
+        print(f"window {summary['pid']}-{summary['index']} at {summary['started']}: busy {summary['busy_share']} "
+              f"(streams: {streams}); ms by family: {families}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -33,8 +33,9 @@
 # --vs KEY=VALUE@STEP[,STEP]   a B arm of this tree with one more engine setting (--engine-setting KEY=VALUE),
 #                e.g. --vs audio_batch_rows=1@faithful: what that setting changes, in the same lease. Repeatable.
 # --gpu-profile STEP[,STEP]   in that step (its A arm) the graph engine's process records short torch.profiler
-#                windows of the GPU's work (bench/runtime/gpu_profile.py; GPU_PROFILE_DELAY_S, _EVERY_S, _WINDOW_S):
-#                busy share, per stream, kernels by family; summaries in logs.tar.gz (gpu-profile-STEP/).
+#                windows of the GPU's work (bench/runtime/gpu_profile.py; GPU_PROFILE_DELAY_S, _EVERY_S, _WINDOW_S,
+#                _KEEP_EVERY), summarized after the step: busy share, per stream, kernels by family; in
+#                logs.tar.gz (gpu-profile-STEP/ and gpu-profile-STEP.txt).
 # --smoke        every step at the tiny size on the CPU, one level, one round (CI: tests/bench): CUDA-only
 #                steps (anchor, graph_check, upstream) only check that they parse. No wheels are installed.
 # Choose steps with --anchor / --reference, or name them all: --steps "graph_check graph" or
@@ -245,6 +246,10 @@ run_arm() {
   esac
   summary+=("$name: ${STATUS[$name]} in ${took}s")
   echo "== $name: ${STATUS[$name]} in ${took}s"
+  if [ "${#step_env[@]}" -gt 0 ] && [ -d "$STAGE/logs/gpu-profile-$step" ]; then  # out of the engine's process
+    python3 -m bench.runtime.gpu_profile "$STAGE/logs/gpu-profile-$step" --keep-every "${GPU_PROFILE_KEEP_EVERY:-0}" \
+      2>&1 | tee "$STAGE/logs/gpu-profile-$step.txt"
+  fi
 }
 
 ab_turn=0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.runtime.gpu_profile import family_of, profile_window, summarize_trace
+from bench.runtime.gpu_profile import family_of, profile_window, summarize_dir, summarize_trace
 
 
 def _kernel(name, ts, dur, stream, cat="kernel"):
@@ -44,9 +44,28 @@ def test_families():
     assert family_of("something_new") == "other"
 
 
-def test_a_window_on_this_machine_writes_its_summary(tmp_path):
-    summary = profile_window(0.05, tmp_path, 0, keep_trace=True)
-    written = json.loads((tmp_path / f"gpu-profile-{summary['pid']}-0.json").read_text())
-    assert written == summary and written["window_s"] == 0.05
-    assert (tmp_path / f"trace-{summary['pid']}-0.json.gz").exists()
-    assert not list(tmp_path.glob("*.json.tmp")) and not (tmp_path / f"trace-{summary['pid']}-0.json").exists()
+def test_a_window_on_this_machine_is_summarized_after_it_and_its_trace_kept_as_asked(tmp_path):
+    for index in range(3):
+        trace = profile_window(0.05, tmp_path, index)
+        assert trace.exists() and (tmp_path / trace.name.replace("trace-", "window-")).exists()
+    summaries = summarize_dir(tmp_path, keep_every=2)
+    assert [s["index"] for s in summaries] == [0, 1, 2]
+    pid = summaries[0]["pid"]
+    written = json.loads((tmp_path / f"gpu-profile-{pid}-1.json").read_text())
+    assert written == summaries[1] and written["window_s"] == 0.05
+    # The first window's trace and every second one's are kept; nothing raw is left.
+    assert sorted(p.name for p in tmp_path.glob("trace-*")) == [f"trace-{pid}-0.json.gz", f"trace-{pid}-2.json.gz"]
+    assert not list(tmp_path.glob("window-*"))
+
+
+def test_a_span_longer_than_the_window_is_what_shares_are_of():
+    trace = {"traceEvents": [_kernel("gemm", 0, 1000, 7), _kernel("gemm", 1500, 1000, 7)]}
+    summary = summarize_trace(trace, window_s=0.002)  # the work spans 2.5 ms of a 2 ms window
+    assert summary["span_ms"] == 2.5 and summary["busy_share"] == 0.8
+
+
+def test_float32_products_on_cuda_cores_are_a_family_of_their_own():
+    assert family_of("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8") == "matmul_fp32"
+    assert family_of("void sgemm_largek_lds64<true, false, 5, 5>") == "matmul_fp32"
+    assert family_of("nvjet_sm90_hsh_64x96_64x10_4x1_v_bz_TNT") == "matmul"
+    assert family_of("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc") == "convolution"
