@@ -161,6 +161,12 @@ for name in ("torch", "transformers", "fastapi", "uvicorn", "httptools", "uvloop
 EOF
   nproc | sed 's/^/cpus /'
 } 2>&1 | tee "$STAGE/logs/environment.log"
+# Result names say which GPU ran them: a call for an H200 may be served by an H100.
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  *H200*) GPU_TAG=h200 ;;
+  *H100*) GPU_TAG=h100 ;;
+  *) GPU_TAG=gpu ;;
+esac
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
 declare -A CAP=([anchor]=120 [graph_check]=220 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
@@ -187,16 +193,16 @@ step_command() {
     engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size $SIZE --concurrency ${LEVELS} --rounds $ROUNDS --audio --out $STAGE/results/engine_load-graph.json" ;;
     loadgen) if [ "$smoke" = 1 ]; then echo "python3 -m bench.runtime.loadgen --concurrency 2 --rounds 1 --frames 16 --server-procs 1 --client-procs 1 --client-lib httpx --out $STAGE/results/loadgen-capacity.json"
              else echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json"; fi ;;
-    graph) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $LEVELS --sequential $SEQUENTIAL --rounds $((ROUNDS * 4)) --engine graph --max-model-len 1024 --tag h200-$DATE-graph" ;;
-    faithful) echo "$FAITHFUL --tag h200-$DATE-faithful" ;;
-    faithful_norefine) echo "${FAITHFUL/--refine on/--refine off} --tag h200-$DATE-faithful-refine-off" ;;
-    faithful_ownvoice) echo "$FAITHFUL --voice-from-first-piece off --tag h200-$DATE-faithful-own-voice" ;;
-    faithful_stream) echo "$FAITHFUL --voice-from-first-piece stream --tag h200-$DATE-faithful-stream" ;;
-    fixed128) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $FIXED_LEVELS --sequential $SEQUENTIAL --rounds $FIXED_ROUNDS --engine graph --max-model-len 1024 --refine off --audio-decoder dvae --tag h200-$DATE-fixed128" ;;
-    upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-h200-$DATE.jsonl" ;;
+    graph) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $LEVELS --sequential $SEQUENTIAL --rounds $((ROUNDS * 4)) --engine graph --max-model-len 1024 --tag $GPU_TAG-$DATE-graph" ;;
+    faithful) echo "$FAITHFUL --tag $GPU_TAG-$DATE-faithful" ;;
+    faithful_norefine) echo "${FAITHFUL/--refine on/--refine off} --tag $GPU_TAG-$DATE-faithful-refine-off" ;;
+    faithful_ownvoice) echo "$FAITHFUL --voice-from-first-piece off --tag $GPU_TAG-$DATE-faithful-own-voice" ;;
+    faithful_stream) echo "$FAITHFUL --voice-from-first-piece stream --tag $GPU_TAG-$DATE-faithful-stream" ;;
+    fixed128) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $FIXED_LEVELS --sequential $SEQUENTIAL --rounds $FIXED_ROUNDS --engine graph --max-model-len 1024 --refine off --audio-decoder dvae --tag $GPU_TAG-$DATE-fixed128" ;;
+    upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-$GPU_TAG-$DATE.jsonl" ;;
     memprobe) echo "python3 -m bench.runtime.memory_probe --device $DEVICE --size $SIZE --out $STAGE/results" ;;
     dtype) echo "python3 -m bench.runtime.dtype_agreement --device $DEVICE --size $SIZE --out $STAGE/results" ;;
-    reference) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames 128 --concurrency ${LEVELS} --sequential $SEQUENTIAL --rounds $ROUNDS --engine reference --max-model-len 1024 --tag h200-$DATE-reference" ;;
+    reference) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames 128 --concurrency ${LEVELS} --sequential $SEQUENTIAL --rounds $ROUNDS --engine reference --max-model-len 1024 --tag $GPU_TAG-$DATE-reference" ;;
   esac
 }
 
@@ -268,9 +274,9 @@ for step in $STEPS; do
 done
 
 # Collect: results beside the step logs, server logs and configs of the benchmark runs.
-[ -f "$OUT/anchor.json" ] && cp "$OUT/anchor.json" "$STAGE/results/anchor-h200-$DATE.json"
+[ -f "$OUT/anchor.json" ] && cp "$OUT/anchor.json" "$STAGE/results/anchor-$GPU_TAG-$DATE.json"
 RESULTS_DIR="${BENCH_RESULTS:-bench/results}"
-for f in "$RESULTS_DIR"/runtime-h200-"$DATE"-*.json "$RESULTS_DIR"/runtime-h200-"$DATE"-*.md \
+for f in "$RESULTS_DIR"/runtime-"$GPU_TAG"-"$DATE"-*.json "$RESULTS_DIR"/runtime-"$GPU_TAG"-"$DATE"-*.md \
          "$RESULTS_DIR"/tmp/bench-server-*.log "$RESULTS_DIR"/tmp/bench-server-*.yaml; do
   if [ -f "$f" ] && [ "$f" -nt "$STAGE/started" ]; then
     case "$f" in "$RESULTS_DIR"/tmp/*) cp "$f" "$STAGE/logs/" ;; *) cp "$f" "$STAGE/results/" ;; esac
