@@ -112,19 +112,52 @@ def log_mel(audio, sample_rate: int = 24_000, n_fft: int = 1024, hop: int = 256,
     return torch.log(torch.clamp(fb @ spec, min=1e-5)).numpy()
 
 
-def compare(reference: np.ndarray, test: np.ndarray, ref_audio: np.ndarray, test_audio: np.ndarray) -> dict:
-    n = min(len(reference), len(test))
-    same = (reference[:n] == test[:n]).all(axis=1) if n else np.zeros(0, bool)
-    first_diff = int(np.argmin(same)) if n and not same.all() else n
+def audio_distance(ref_audio: np.ndarray, test_audio: np.ndarray) -> dict:
+    """Log-mel L1 and SNR (the reference as the signal) over the two waveforms' common length."""
     m = min(len(ref_audio), len(test_audio))
     mel_a, mel_b = log_mel(ref_audio[:m]), log_mel(test_audio[:m])
     noise = float(np.sum((ref_audio[:m] - test_audio[:m]) ** 2))
     signal = float(np.sum(ref_audio[:m] ** 2))
-    return {"frames": n, "frames_equal": int(same.sum()), "agreement": float(same.mean()) if n else 1.0,
-            "first_difference": first_diff, "length_equal": len(reference) == len(test),
-            "finite": bool(np.isfinite(test_audio).all()),  # a 16-bit overflow shows as inf/NaN audio
+    return {"finite": bool(np.isfinite(test_audio).all()),  # a 16-bit overflow shows as inf/NaN audio
             "mel_l1": float(np.mean(np.abs(mel_a - mel_b))),
             "snr_db": float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-20) / noise)}
+
+
+def compare(reference: np.ndarray, test: np.ndarray, ref_audio: np.ndarray, test_audio: np.ndarray) -> dict:
+    n = min(len(reference), len(test))
+    same = (reference[:n] == test[:n]).all(axis=1) if n else np.zeros(0, bool)
+    first_diff = int(np.argmin(same)) if n and not same.all() else n
+    return {"frames": n, "frames_equal": int(same.sum()), "agreement": float(same.mean()) if n else 1.0,
+            "first_difference": first_diff, "length_equal": len(reference) == len(test),
+            **audio_distance(ref_audio, test_audio)}
+
+
+def audio_tf32_rows(model, outputs: list[np.ndarray]) -> list[dict]:
+    """The audio decoders with TF32 products (``engine.audio_precision: tf32``) against float32 on the same
+    inputs: each float32 output's codes through the DVAE + Vocos, and seeded random hidden states of its
+    length through the Decoder + Vocos. On a CPU there is no TF32: the two are the same."""
+    import torch  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i, codes in enumerate(outputs):
+        if not len(codes):
+            continue
+        inputs = {"dvae": (model.codes_to_audio, torch.as_tensor(codes)[None])}
+        if model.decoder is not None:
+            hidden = torch.randn(1, len(codes), model.sizes.gpt.hidden_size, generator=generator)
+            inputs["decoder"] = (model.hidden_to_audio, hidden)
+        row: dict = {"prompt": i}
+        for path, (decode, x) in inputs.items():
+            float32 = decode(x).cpu().numpy()[0]
+            model.audio_tf32 = True
+            try:
+                tf32 = decode(x).cpu().numpy()[0]
+            finally:
+                model.audio_tf32 = False
+            row[path] = audio_distance(float32, tf32)
+        rows.append(row)
+    return rows
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -165,6 +198,13 @@ async def main_async(args) -> dict:
             rows = [{"prompt": i, **compare(a, b, audio_of(a), audio_of(b))}
                     for i, (a, b) in enumerate(zip(f32[mode], out[mode]))]
             modes[mode] = {"summary": summarize(rows), "rows": rows}
+    rows = audio_tf32_rows(reference_model, f32["seeded"])
+    report["audio_tf32_vs_float32"] = {
+        "rows": rows,
+        "summary": {path: {"outputs": len(got), "mel_l1_mean": statistics.fmean(r["mel_l1"] for r in got),
+                           "snr_db_median": statistics.median(r["snr_db"] for r in got),
+                           "non_finite": sum(not r["finite"] for r in got)}
+                    for path in ("dvae", "decoder") if (got := [r[path] for r in rows if path in r])}}
     report["seconds"] = round(time.monotonic() - began, 1)
     report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else platform.machine()
     report["torch"] = torch.__version__
@@ -186,7 +226,13 @@ def markdown(report: dict, command: str) -> str:
                        f"{s['prompts']} | {s['first_difference_median']} | {s['mel_l1_mean']:.3f} | "
                        f"{s['snr_db_median_differing']:.1f} | {s['non_finite_outputs']} |")
     out += ["", "Audio of both outputs decoded by the same float32 DVAE + Vocos. Random weights: nearly flat "
-            "logits, the hardest case for precision (see the module docstring)."]
+            "logits, the hardest case for precision (see the module docstring).", "",
+            "| audio decoders with TF32 products vs float32 (same inputs) | outputs | log-mel L1 (mean) "
+            "| audio SNR (median dB) | non-finite audio |", "|---|---|---|---|---|"]
+    for path, s in report.get("audio_tf32_vs_float32", {}).get("summary", {}).items():
+        name = "DVAE + Vocos (the codes above)" if path == "dvae" else "Decoder + Vocos (seeded random hidden states)"
+        out.append(f"| {name} | {s['outputs']} | {s['mel_l1_mean']:.4f} | {s['snr_db_median']:.1f} | {s['non_finite']} |")
+    out += ["", "`engine.audio_precision: tf32` on CUDA; on a CPU both are float32 (infinite SNR)."]
     return "\n".join(out) + "\n"
 
 

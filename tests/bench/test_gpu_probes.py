@@ -61,3 +61,9 @@ def test_dtype_agreement_runs_every_prompt_in_both_modes(tmp_path):
         assert summary["frame_agreement"] == sum(r["frames_equal"] for r in rows) / (8 * len(rows))
     assert set(report["against_float32"]["bfloat16"]) == {"greedy", "seeded"}
     assert "| bfloat16 | greedy |" in next(tmp_path.glob("dtype-agreement-cpu-*.md")).read_text()
+    # The audio decoders with TF32 products against float32: on the CPU they are the same audio.
+    tf32 = report["audio_tf32_vs_float32"]
+    assert len(tf32["rows"]) == len(dtype_agreement.PROMPTS)
+    assert set(tf32["summary"]) == {"dvae", "decoder"}
+    assert all(s["snr_db_median"] == float("inf") and s["mel_l1_mean"] == 0.0 for s in tf32["summary"].values())
+    assert "| Decoder + Vocos" in next(tmp_path.glob("dtype-agreement-cpu-*.md")).read_text()
