@@ -96,9 +96,9 @@ def summarize_trace(trace: dict, window_s: float, top: int = 25) -> dict:
 
 def profile_window(window_s: float, out: Path, index: int) -> Path:
     """Record the GPU's work (the CPU's operators without CUDA) for ``window_s`` seconds into
-    ``trace-PID-INDEX.json``, and its time and length into ``window-PID-INDEX.json``; summarized later, outside this process
-    (:func:`summarize_dir`): reading a trace of a busy second holds the interpreter lock for seconds, which
-    would slow the engine it watches."""
+    ``trace-PID-INDEX.json``, and its time and length into ``window-PID-INDEX.json``; summarized later,
+    outside this process (:func:`summarize_dir`): reading a trace of a busy second holds the interpreter
+    lock for seconds, which would slow the engine it watches."""
     import torch  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -122,16 +122,24 @@ def _meta_path(trace_path: Path) -> Path:
 def summarize_dir(directory: Path, keep_every: int = 0) -> list[dict]:
     """Each window's trace in ``directory`` as ``gpu-profile-PID-INDEX.json`` (:func:`summarize_trace` and
     the window's meta); the trace itself is kept gzipped for the first window of each process and every
-    ``keep_every``-th, else removed. Returns the summaries in (pid, index) order."""
+    ``keep_every``-th, else removed. A trace cut short (its step was stopped while writing it) is reported
+    and removed. Returns the summaries in (pid, index) order."""
     import gzip  # noqa: PLC0415
 
     summaries = []
     traces = sorted(directory.glob("trace-*-*.json"), key=lambda p: [int(n) for n in p.stem.split("-")[1:3]])
     for trace_path in traces:
         meta_path = _meta_path(trace_path)
-        meta = json.loads(meta_path.read_text())
         trace_bytes = trace_path.read_bytes()
-        summary = summarize_trace(json.loads(trace_bytes), meta["window_s"])
+        try:
+            meta = json.loads(meta_path.read_text())
+            trace = json.loads(trace_bytes)
+        except (OSError, ValueError) as err:
+            print(f"{trace_path.name}: not summarized ({err})", flush=True)
+            trace_path.unlink()
+            meta_path.unlink(missing_ok=True)
+            continue
+        summary = summarize_trace(trace, meta["window_s"])
         summary.update(meta)
         (directory / f"gpu-profile-{meta['pid']}-{meta['index']}.json").write_text(json.dumps(summary, indent=1))
         if meta["index"] == 0 or (keep_every > 0 and meta["index"] % keep_every == 0):

@@ -69,3 +69,12 @@ def test_float32_products_on_cuda_cores_are_a_family_of_their_own():
     assert family_of("void sgemm_largek_lds64<true, false, 5, 5>") == "matmul_fp32"
     assert family_of("nvjet_sm90_hsh_64x96_64x10_4x1_v_bz_TNT") == "matmul"
     assert family_of("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc") == "convolution"
+
+
+def test_a_trace_cut_short_is_reported_and_the_others_summarized(tmp_path, capsys):
+    profile_window(0.01, tmp_path, 0)
+    (tmp_path / "trace-99-1.json").write_text('{"traceEvents": [')  # the step was stopped while writing it
+    summaries = summarize_dir(tmp_path)
+    assert [s["index"] for s in summaries] == [0]
+    assert "trace-99-1.json: not summarized" in capsys.readouterr().out
+    assert not (tmp_path / "trace-99-1.json").exists()
