@@ -157,6 +157,9 @@ def test_tf32_audio_matmuls_hold_only_inside_the_audio_decoders(tiny_checkpoint)
         assert create_engine(separate, model, observer=None).spec.audio_tf32 is True
     finally:
         model.audio_tf32 = False
-    assert load_options(RuntimeConfig(), "cuda")["audio_tf32"] is False  # float32 unless asked
+    assert load_options(RuntimeConfig(), "cuda")["audio_tf32"] is True  # the default on CUDA
+    assert load_options(RuntimeConfig(), "cpu")["audio_tf32"] is False  # no TF32 on a CPU
+    float32 = RuntimeConfig.model_validate({"engine": {"audio_precision": "float32"}})
+    assert load_options(float32, "cuda")["audio_tf32"] is False
     with pytest.raises(ValueError, match="audio_precision"):
         RuntimeConfig.model_validate({"engine": {"audio_precision": "bfloat16"}})

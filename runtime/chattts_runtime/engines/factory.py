@@ -73,7 +73,8 @@ def resolve_device(config: RuntimeConfig) -> str:
 def load_options(config: RuntimeConfig, device: str) -> dict:
     """``load_chattts``'s keyword arguments for ``config`` on ``device``."""
     return {"device": device, "dtype": resolve_dtype(config, device),
-            "audio_tf32": config.engine.audio_precision == "tf32"}
+            # TF32 is a CUDA feature: on any other device the audio decoders run in float32.
+            "audio_tf32": config.engine.audio_precision == "tf32" and str(device).startswith("cuda")}
 
 
 def resolve_dtype(config: RuntimeConfig, device: str):
