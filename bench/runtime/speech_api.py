@@ -54,6 +54,10 @@ SIZES = {
 
 percentile = loadgen.percentile  # engine_load and graph_check import it from here
 
+# The engine loop's too-wide account (engines.slots.TOO_WIDE_NAMES, and older revisions' names) as the table says them.
+TOO_WIDE_LABELS = {"urgent_rows": "their rows", "substep_batch": "substep bucket", "full_batch": "full bucket",
+                   "urgent_span": "span", "urgent_above_low": "above the low slots"}
+
 
 def make_checkpoint(size: str, path: Path) -> Path:
     from chattts_runtime import testing
@@ -357,8 +361,12 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
               "first window). One-piece / multi-piece: the input's pieces (X-ChatTTS-Pieces)."]
     loops = [row for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     if loops:  # the graph engine's own account of each level (engines.slots.LoopStats)
+        # Labels by the report's own names: an A/B arm of an older revision accounts for too-wide steps otherwise.
+        wide_names = next((list(row["engine_loop"]["too_wide"]) for row in loops if row["engine_loop"].get("too_wide")),
+                          [])
+        wide_labels = " / ".join(TOO_WIDE_LABELS.get(name, name) for name in wide_names) or "-"
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
-                  "refine / idle | substeps too wide/s (their rows / span / above the low slots / full bucket) "
+                  f"refine / idle | substeps too wide/s ({wide_labels}) "
                   "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |",
                   "|---|---|---|---|---|---|---|"]
         for row in loops:
@@ -372,10 +380,10 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
                          f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} |")
         lines += ["", "Engine loop: the graph engine's account while the level ran (`engine.loop_report_seconds`, "
                   "merged: rates by seconds of work, means by what they are means over): decode steps per second "
-                  "of work (of them, first-audio substeps over the low slots of refine rows and voice passes), each "
+                  "of work (of them, first-audio substeps over the refine rows and voice passes), each "
                   "step's rows by stage and the free rows of its batch bucket, the full steps whose pace allowed "
-                  "substeps that did not run because the first-audio rows spread over more than half the step's "
-                  "bucket (what those rows were, as means over such steps), prefills and audio-window launches, "
+                  "substeps that did not run because a substep over the first-audio rows would have been over half "
+                  "the step's bucket (what those rows were, as means over such steps), prefills and audio-window launches, "
                   "and the share of the worker's time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "

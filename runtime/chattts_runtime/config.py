@@ -104,9 +104,9 @@ class EngineSettings(_Strict):
         "Triton is installed, else modules.")
     first_audio_substeps: int = Field(
         4, ge=0, le=16, description="Graph engine: the work that stands before a response's first audio "
-        "(refine-text rows, a long input's first-piece voice pass) takes the low slots and is stepped up to "
-        "this many extra times between two full decode steps, over those slots only; 0: never. How many "
-        "follows playing_realtime.")
+        "(refine-text rows, a long input's first-piece voice pass) is stepped up to this many extra times "
+        "between two full decode steps, in steps over those rows alone (gathered from their slots; none while "
+        "they are over half the full step); 0: never. How many follows playing_realtime.")
     playing_realtime: float = Field(
         3.0, ge=1.0, le=100.0, description="Graph engine: the pace, as a multiple of real time, that full "
         "decode steps (which every playing stream rides) keep: first-audio substeps are added while full "

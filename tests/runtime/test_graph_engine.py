@@ -235,8 +235,8 @@ def test_the_loop_reports_its_steps_rows_by_stage_and_gpu_wait(tiny_model, caplo
 
 def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_change_no_code(tiny_model):
     """Voice-pass requests and refine-text jobs beside first pieces, with substeps on every full step (a pace
-    any full step keeps): the voice passes take the low slots and step more often than the others, and
-    every code and refine token is the reference's."""
+    any full step keeps): the voice passes sit between the others' slots, are gathered into substeps and step
+    more often than the others, and every code and refine token is the reference's."""
     from chattts_runtime.engines.refine import TextRefiner
     from chattts_runtime.engines.schedule import Stage
     from chattts_runtime.model.refine import RefineParams, upstream_refine_sampling
@@ -256,8 +256,18 @@ def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_c
     refined = [refiner.generate(p, refine) for p in prompts]
     engine = GraphEngine(tiny_model, max_num_seqs=16, pad_shapes=True, first_audio_substeps=2,
                          playing_realtime=1e-9)
+    gathers = []
 
     async def run():
+        plan_step = engine._slots.next_step
+
+        def recorded(*args, **kwargs):
+            plan = plan_step(*args, **kwargs)
+            if plan.gather is not None:
+                gathers.append(plan.slots.tolist())
+            return plan
+
+        engine._slots.next_step = recorded
         await engine.start()
         try:
             async def collect(stream):
@@ -276,14 +286,17 @@ def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_c
 
     codes, tokens = asyncio.run(run())
     assert engine.substeps > 20 and engine.steps > engine.substeps
+    assert len(gathers) == engine.substeps
+    # The voice passes sit between first pieces: substeps gathered slots that are not the lowest ones.
+    assert any(slots != list(range(len(slots))) for slots in gathers)
     assert [c for c, _, _ in reference] == codes
     assert tokens == refined
 
 
 def test_substeps_too_wide_are_counted_with_what_made_them_too_wide(tiny_model):
     """Only voice passes in the engine: the first-audio rows fill the whole step, so no substep can be narrower
-    than half of it. Every full step says so, with the rows, their span, those above the low slots kept for
-    them and the step's bucket."""
+    than half of it. Every full step says so, with the rows, the substep's bucket they would take and the
+    step's bucket."""
     from chattts_runtime.engines.schedule import Stage
 
     def voice(i, text):
@@ -293,7 +306,7 @@ def test_substeps_too_wide_are_counted_with_what_made_them_too_wide(tiny_model):
 
     engine = GraphEngine(tiny_model, max_num_seqs=16, pad_shapes=True, first_audio_substeps=2, playing_realtime=1e-9,
                          stats_interval=None)
-    assert engine.first_audio_slots == 4
+    assert engine.substep_buckets == [1, 2, 4, 8]
 
     async def run():
         await engine.start()
@@ -309,4 +322,4 @@ def test_substeps_too_wide_are_counted_with_what_made_them_too_wide(tiny_model):
     asyncio.run(run())
     report = engine._stats.report()
     assert engine.substeps == 0 and report["substeps_too_wide_per_s"] > 0
-    assert report["too_wide"] == {"urgent_rows": 8.0, "urgent_span": 8.0, "urgent_above_low": 4.0, "full_batch": 8.0}
+    assert report["too_wide"] == {"urgent_rows": 8.0, "substep_batch": 8.0, "full_batch": 8.0}

@@ -119,6 +119,32 @@ def test_a_fused_decode_step_equals_the_modules_step(interpreter, tiny_model, ra
         torch.testing.assert_close(k_fast, k_plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_gathered_step_steps_its_slots_as_a_full_step_does_and_leaves_the_others(interpreter, tiny_model,
+                                                                                    fuse, ragged):
+    """A first-audio substep over slots 1, 4 (the refine rows) and 6, gathered into a batch of 4 (the scratch
+    slot pads it): those slots get the full step's hidden states, codes, text tokens, positions and KV; every
+    other slot is as it was, cache included."""
+    eos, text_end = tiny_model.sizes.gpt.audio_eos, 3
+    full, gathered = _slot_states(tiny_model, fuse), _slot_states(tiny_model, fuse)
+    before = _slot_states(tiny_model, fuse)
+    picked, others = [1, 4, 6], [0, 2, 3, 5, 7]
+    gathered.gather[:4] = torch.tensor([*picked, gathered.scratch])
+    with torch.inference_mode():
+        for _ in range(2):  # the second step reads the KV the first one wrote
+            decode_step(tiny_model.gpt, full, 8, 32, eos, text_end, ragged, 4)
+            decode_step(tiny_model.gpt, gathered, 4, 32, eos, text_end, ragged, 4, gathered=True)
+    torch.testing.assert_close(gathered.hidden[picked], full.hidden[picked], rtol=1e-5, atol=1e-5)
+    for name in ("codes", "position", "generated", "history", "text_history"):
+        assert torch.equal(getattr(gathered, name)[picked], getattr(full, name)[picked]), name
+        assert torch.equal(getattr(gathered, name)[others], getattr(before, name)[others]), name
+    for cache, ref, old in ((gathered.keys, full.keys, before.keys), (gathered.values, full.values, before.values)):
+        for layer, ref_layer, old_layer in zip(cache, ref, old):
+            torch.testing.assert_close(layer[picked], ref_layer[picked], rtol=1e-5, atol=1e-5)
+            assert torch.equal(layer[others], old_layer[others])
+
+
 def test_the_graph_engine_with_fused_kernels_speaks_as_with_the_modules(interpreter, tiny_model):
     """Greedy: as the reference engine. Sampled (seeded): as the same engine on the modules; sampling turns
     any error in the logits into other codes, where the tiny model's greedy codes barely depend on them."""

@@ -13,7 +13,7 @@ from chattts_runtime.engines.slots import (
     STAGE_NAMES,
     LoopStats,
     SubstepPace,
-    substep_bound,
+    substep_batch,
     text_width,
     text_widths_for,
     FrameBook, RefineBook, SlotTable, TextJob, WindowHold, bucket_sizes, gather_open, pick_bucket)
@@ -211,8 +211,8 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 6 of a bucket of 8
     rows.update(first=0, next=4)
     stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 7 of 8
-    stats.step(2, np.array([0, 2, 0, 0]), substep=True)  # a first-audio substep over the low slots
-    stats.substep_too_wide(12, 40, 3, 64)  # 12 first-audio rows, up to slot 39, 3 above the low slots; a 64-row step
+    stats.step(2, np.array([0, 2, 0, 0]), substep=True)  # a first-audio substep over two voice passes
+    stats.substep_too_wide(40, 64, 64)  # 40 first-audio rows would take a 64-row substep after a 64-row step
     stats.prefill(3)
     stats.prefill(1)
     stats.audio(5)
@@ -222,7 +222,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     report = stats.report()
     assert (report["wall_s"], report["busy_share"]) == (2.0, 0.667)
     assert (report["steps_per_s"], report["substeps_per_s"], report["substeps_too_wide_per_s"]) == (1.5, 0.5, 0.5)
-    assert report["too_wide"] == {"urgent_rows": 12.0, "urgent_span": 40.0, "urgent_above_low": 3.0, "full_batch": 64.0}
+    assert report["too_wide"] == {"urgent_rows": 40.0, "substep_batch": 64.0, "full_batch": 64.0}
     assert report["rows_per_step"] == {"first": 1.0, "voice": 2.0, "next": 1.3, "refine": 0.7}
     assert report["idle_rows_per_step"] == 1.0
     assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
@@ -231,7 +231,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     now[0] += 1.0
     fresh = stats.report()
     assert fresh["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
-    assert fresh["too_wide"] == dict.fromkeys(("urgent_rows", "urgent_span", "urgent_above_low", "full_batch"), 0.0)
+    assert fresh["too_wide"] == dict.fromkeys(("urgent_rows", "substep_batch", "full_batch"), 0.0)
 
 
 def test_the_text_head_takes_the_narrowest_captured_width_that_holds_the_refine_rows():
@@ -252,37 +252,42 @@ def test_the_text_head_takes_the_narrowest_captured_width_that_holds_the_refine_
     assert table.next_step(BATCH, LENGTH, 64, 4, [2, 4]).text_width == 0  # no refine rows: not mixed
 
 
-def test_steady_work_keeps_above_the_low_slots_and_takes_them_only_when_nothing_else_is_free():
+def test_newcomers_take_the_lowest_free_slot():
     table = SlotTable(8)
-    assert [table.claim(above=4) for _ in range(4)] == [4, 5, 6, 7]
-    assert table.claim(above=4) == 0  # nothing free above: the lowest free one
-    assert table.claim() == 1
-    table.release(5)
-    assert table.claim(above=4) == 5 and table.claim(above=4) == 2
+    assert [table.claim() for _ in range(4)] == [0, 1, 2, 3]
+    table.release(1)
+    assert table.claim() == 1 and table.claim() == 4
 
 
-def test_a_substep_covers_the_low_slots_only_and_must_hold_every_refine_row():
+def test_a_substep_gathers_its_slots_wherever_they_sit_and_must_hold_every_refine_row():
     table = SlotTable(8)
     table.occupy(np.array([0, 1]), [10, 3], text=False)
-    table.occupy(np.array([2]), [5], text=True)
+    table.occupy(np.array([5]), [5], text=True)
     table.occupy(np.array([6]), [40], text=False)
     full = step(table)
-    assert full.batch == 8 and full.length == 64
-    sub = table.next_step(BATCH, LENGTH, 64, 4, below=4)
-    assert sub.slots.tolist() == [0, 1, 2] and sub.batch == 4 and sub.length == 16
-    assert sub.text.tolist() == [2] and sub.text_index is None  # the full step already wrote the index
+    assert full.batch == 8 and full.length == 64 and full.gather is None
+    sub = table.next_step(BATCH, LENGTH, 64, 4, only=np.array([6, 5, 1]))
+    assert sub.slots.tolist() == [1, 5, 6] and sub.batch == 4 and sub.length == 64
+    assert sub.gather.tolist() == [1, 5, 6, 8]  # padded with the scratch slot
+    assert sub.text.tolist() == [5] and sub.audio.tolist() == [1, 6]
+    assert sub.text_index is None  # the full step already wrote the index
+    narrow = table.next_step(BATCH, LENGTH, 64, 4, only=np.array([1, 5]))
+    assert narrow.batch == 2 and narrow.length == 16 and narrow.gather.tolist() == [1, 5]
     with pytest.raises(ValueError, match="every refine row"):
-        table.next_step(BATCH, LENGTH, 64, 4, below=2)
+        table.next_step(BATCH, LENGTH, 64, 4, only=np.array([0, 1]))
+    with pytest.raises(ValueError, match="occupied"):
+        table.next_step(BATCH, LENGTH, 64, 4, only=np.array([2, 5]))  # slot 2 is free
+    with pytest.raises(ValueError, match="occupied"):
+        table.next_step(BATCH, LENGTH, 64, 4, only=np.array([], np.int64))
 
 
-def test_substep_bound():
-    urgent = np.zeros(9, bool)
-    assert substep_bound(urgent, BATCH, 8) is None  # nothing to step
-    urgent[[0, 2]] = True
-    assert substep_bound(urgent, BATCH, 8) == 4
-    assert substep_bound(urgent, BATCH, 4) is None  # as wide as the full step: no gain
-    urgent[6] = True
-    assert substep_bound(urgent, BATCH, 8) is None
+def test_substep_batch():
+    assert substep_batch(0, BATCH, 8) is None  # nothing to step
+    assert substep_batch(3, BATCH, 8) == 4
+    assert substep_batch(3, BATCH, 4) is None  # as wide as the full step: no gain
+    assert substep_batch(5, BATCH, 8) is None  # a bucket of 8 after a step of 8
+    assert substep_batch(5, [1, 2, 4], 64) is None  # past the largest substep bucket
+    assert substep_batch(5, [], 64) is None  # substeps off
 
 
 def test_substeps_follow_the_pace_of_full_steps():

@@ -45,11 +45,14 @@ def _kernels():
     import triton.language as tl  # noqa: PLC0415
 
     @triton.jit
-    def partial_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, acc_ptr, stats_ptr,
+    def partial_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, slots_ptr, acc_ptr, stats_ptr,
                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn,
                        scale, groups, splits, chunk,
-                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, GATHERED: tl.constexpr):
         row = tl.program_id(0)
+        slot_of_row = row
+        if GATHERED:  # a gathered step's rows are any slots of the cache; otherwise row b is slot b
+            slot_of_row = tl.load(slots_ptr + row)
         head = tl.program_id(1)
         split = tl.program_id(2)
         length = tl.load(lengths_ptr + row)
@@ -58,8 +61,8 @@ def _kernels():
         kv_head = head // groups
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
-        k_base = k_ptr + row * stride_kb + kv_head * stride_kh
-        v_base = v_ptr + row * stride_kb + kv_head * stride_kh
+        k_base = k_ptr + slot_of_row * stride_kb + kv_head * stride_kh
+        v_base = v_ptr + slot_of_row * stride_kb + kv_head * stride_kh
         m = tl.full((), float("-inf"), tl.float32)
         total = tl.zeros((), tl.float32)
         acc = tl.zeros((HEAD_DIM,), tl.float32)
@@ -109,14 +112,16 @@ def split_count(batch: int, heads: int, length: int, block: int = BLOCK_N) -> in
 
 
 def ragged_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                            length: int, *, block: int = BLOCK_N, warps: int = WARPS,
-                            stages: int = STAGES) -> torch.Tensor:
+                            length: int, *, slots: torch.Tensor | None = None, block: int = BLOCK_N,
+                            warps: int = WARPS, stages: int = STAGES) -> torch.Tensor:
     """Attention of one new query per row over that row's first ``lengths[row]`` cached columns.
 
     ``q [B, H, 1, D]``; ``keys``/``values`` ``[B, KVH, >= length, D]`` (slot-cache rows, last dim
     contiguous); ``lengths [B]`` long, each in ``[1, length]``; ``length``: the static column bound
-    (the step's bucket). Returns ``[B, H, 1, D]`` in ``q``'s dtype, as ``scaled_dot_product_attention``
-    with a mask of each row's first ``lengths`` columns would.
+    (the step's bucket). With ``slots [B]`` (long) row ``b`` reads cache row ``slots[b]`` of
+    ``keys``/``values`` (``[S, KVH, >= length, D]``, any number of slots): a gathered step, whose rows
+    are wherever their slots sit, without copying their columns. Returns ``[B, H, 1, D]`` in ``q``'s
+    dtype, as ``scaled_dot_product_attention`` with a mask of each row's first ``lengths`` columns would.
     """
     triton, partial_kernel, merge_kernel = _kernels()
     b, h, _, d = q.shape
@@ -130,10 +135,10 @@ def ragged_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     stats = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
     out = torch.empty(b, h, 1, d, dtype=q.dtype, device=q.device)
     partial_kernel[(b, h, splits)](
-        q, keys, values, lengths, acc, stats,
+        q, keys, values, lengths, lengths if slots is None else slots, acc, stats,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         1.0 / math.sqrt(d), h // kv_heads, splits, chunk,
-        HEAD_DIM=d, BLOCK=block, num_warps=warps, num_stages=stages)
+        HEAD_DIM=d, BLOCK=block, GATHERED=slots is not None, num_warps=warps, num_stages=stages)
     merge_kernel[(b, h)](acc, stats, out, out.stride(0), out.stride(1), splits,
                          HEAD_DIM=d, SPLITS=triton.next_power_of_2(splits), num_warps=1)
     return out

@@ -58,9 +58,9 @@ def _kernels():
                  mask=mask)
 
     @triton.jit
-    def rotary_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, q_ptr, keys_ptr, values_ptr,
+    def rotary_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, slots_ptr, q_ptr, keys_ptr, values_ptr,
                          stride_qkv, stride_rot, stride_slot, stride_head, stride_column, heads, kv_heads,
-                         HEAD_DIM: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, GATHERED: tl.constexpr):
         row = tl.program_id(0)
         head = tl.program_id(1)
         half: tl.constexpr = HEAD_DIM // 2
@@ -83,7 +83,10 @@ def _kernels():
             k = ((k * cos).to(dtype).to(tl.float32) + (k_rot * sin).to(dtype).to(tl.float32)).to(dtype)
             v = tl.load(base + (heads + kv_heads + head) * HEAD_DIM + d)
             column = tl.load(position_ptr + row)
-            at = row * stride_slot + head * stride_head + column * stride_column + d  # the row is its slot
+            slot = row
+            if GATHERED:  # a gathered step's rows sit in any slots
+                slot = tl.load(slots_ptr + row)
+            at = slot * stride_slot + head * stride_head + column * stride_column + d
             tl.store(keys_ptr + at, k)
             tl.store(values_ptr + at, v)
 
@@ -115,19 +118,21 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 def rotary_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: torch.Tensor,
-              keys: torch.Tensor, values: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+              keys: torch.Tensor, values: torch.Tensor, heads: int, kv_heads: int,
+              slots: torch.Tensor | None = None) -> torch.Tensor:
     """One decode position per row: ``qkv [B, (heads + 2 kv_heads) * D]`` (the fused projection), ``cos``/``sin``
     ``[B, D]``-strided rows, ``position [B]``. Writes each row's rotated key and its value into slot ``row`` of
-    ``keys``/``values`` (``[slots, kv_heads, columns, D]``) at column ``position[row]``; returns the rotated
-    queries ``[B, heads, 1, D]``."""
+    ``keys``/``values`` (``[slots, kv_heads, columns, D]``), or slot ``slots[row]`` of a gathered step, at column
+    ``position[row]``; returns the rotated queries ``[B, heads, 1, D]``."""
     _, _, kernel, _ = _kernels()
     b = qkv.shape[0]
     d = keys.shape[-1]
     if keys.stride() != values.stride() or keys.stride(-1) != 1 or qkv.stride(-1) != 1:
         raise ValueError("rotary_kv needs equal, contiguous key and value caches")
     q = torch.empty(b, heads, 1, d, dtype=qkv.dtype, device=qkv.device)
-    kernel[(b, heads)](qkv, cos, sin, position, q, keys, values, qkv.stride(0), cos.stride(0),
-                       keys.stride(0), keys.stride(1), keys.stride(2), heads, kv_heads, HEAD_DIM=d)
+    kernel[(b, heads)](qkv, cos, sin, position, position if slots is None else slots, q, keys, values,
+                       qkv.stride(0), cos.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), heads, kv_heads,
+                       HEAD_DIM=d, GATHERED=slots is not None)
     return q
 
 
@@ -206,18 +211,21 @@ def fuse_trunk(gpt) -> FusedTrunk:
 
 
 def decode_trunk(trunk: FusedTrunk, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: torch.Tensor,
-                 keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, length: int, attend) -> torch.Tensor:
-    """The body's layers and final norm for one new position of slots ``[0, batch)``: ``h [B, H]`` input
-    embeddings, ``cos``/``sin`` ``[B, 1, D]``, ``position [B]``; each layer's key and value go into slot
-    ``row`` of ``keys[i]``/``values[i]`` at ``position``; ``attend(q, keys, values)`` over columns
-    ``[0, length)`` of those slots returns ``[B, heads, 1, D]``. Returns the final-normed hidden ``[B, H]``."""
+                 keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, length: int, attend,
+                 slots: torch.Tensor | None = None) -> torch.Tensor:
+    """The body's layers and final norm for one new position of slots ``[0, batch)``, or of slots ``slots [B]``
+    (a gathered step): ``h [B, H]`` input embeddings, ``cos``/``sin`` ``[B, 1, D]``, ``position [B]``; each
+    layer's key and value go into the row's slot of ``keys[i]``/``values[i]`` at ``position``;
+    ``attend(q, keys, values)`` over columns ``[0, length)`` returns ``[B, heads, 1, D]`` (it is handed slots
+    ``[0, batch)``, or every slot for a gathered step). Returns the final-normed hidden ``[B, H]``."""
     b = h.shape[0]
+    cached = slice(0, batch) if slots is None else slice(None)
     last = len(trunk.layers) - 1
     normed, residual = add_rms_norm(h, None, trunk.layers[0].input_norm, trunk.eps)
     for i, layer in enumerate(trunk.layers):
         q = rotary_kv(F.linear(normed, layer.qkv), cos[:, 0], sin[:, 0], position, keys[i], values[i],
-                      trunk.heads, trunk.kv_heads)
-        o = attend(q, keys[i][:batch, :, :length], values[i][:batch, :, :length])
+                      trunk.heads, trunk.kv_heads, slots)
+        o = attend(q, keys[i][cached, :, :length], values[i][cached, :, :length])
         normed, residual = add_rms_norm(residual, F.linear(o.transpose(1, 2).reshape(b, -1), layer.o),
                                         layer.post_norm, trunk.eps)
         down = F.linear(silu_mul(F.linear(normed, layer.gate_up)), layer.down)

@@ -40,9 +40,10 @@ draws than the reference (a device-side hash instead of a CPU generator per requ
 
 On CUDA a decode step's trunk runs through ``engines.fused`` (9 launches a layer instead of ~44:
 the step was bound by its launches). The rows that stand before a response's first audio (refine
-rows, first-piece voice passes) take the low slots and get *first-audio substeps*: after a full
-step, up to ``first_audio_substeps`` more steps over those slots only, as many as keep full steps,
-which every playing stream rides, at ``playing_realtime`` times real time.
+rows, first-piece voice passes) get *first-audio substeps*: after a full step, up to
+``first_audio_substeps`` more steps over those rows alone, gathered from wherever their slots sit
+(the ragged attention reads their columns in place), as many as keep full steps, which every
+playing stream rides, at ``playing_realtime`` times real time.
 
 Where the parts live: the device buffers and the captured steps in ``engines.graph_steps``;
 the host-side decisions (which slot a newcomer takes, which slots the next step covers at
@@ -75,7 +76,7 @@ from chattts_runtime.engines.plumbing import RequestPlumbing, check_prompt_fits
 from chattts_runtime.engines.schedule import Stage, Waiting, plan_admission, take
 from chattts_runtime.engines.slots import (
     STAGE_NAMES, FrameBook, LoopStats, RefineBook, SlotTable, SubstepPace, TextJob, WindowHold, bucket_sizes,
-    gather_open, pick_bucket, substep_bound, text_widths_for)
+    gather_open, pick_bucket, substep_batch, text_widths_for)
 from chattts_runtime.model.config import SAMPLE_RATE
 from chattts_runtime.model.refine import REFINE_END
 from chattts_runtime.model.sampling import SamplingParams, new_generator
@@ -175,11 +176,10 @@ class GraphEngine(Engine):
         # (engines.slots.LoopStats); None: never.
         self.stats_interval = stats_interval
         self._stats = LoopStats()
-        # First-audio substeps: refine rows and voice passes take the low slots (the first
-        # first_audio_slots are kept for them while they run) and are stepped again, between full steps,
-        # as often as keeps full steps at playing_realtime x real time (engines.slots.SubstepPace).
+        # First-audio substeps: refine rows and voice passes are stepped again, gathered from their slots,
+        # between full steps, as often as keeps full steps at playing_realtime x real time
+        # (engines.slots.SubstepPace).
         self._pace = SubstepPace(first_audio_substeps, playing_realtime, SAMPLE_RATE / model.sizes.samples_per_frame)
-        self.first_audio_slots = min(32, max(1, max_num_seqs // 4))
         self.model = model
         # How long a later piece of a playing response may wait behind others' first-audio work.
         self.next_piece_grace = next_piece_grace
@@ -254,8 +254,11 @@ class GraphEngine(Engine):
         self.decode_kernels = decode_kernels
         self.fused_decode = self._fused_choice(decode_kernels)  # decode steps through engines.fused's kernels
         self._state: SlotState | None = None
-        # Decode graphs per (batch, length, text width: 0 without refine rows); prefills per (rows, length, text).
-        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        # A substep is at most half as wide as the full step it follows (engines.slots.substep_batch).
+        self.substep_buckets = [b for b in self.batch_buckets if 2 * b <= max_num_seqs] if first_audio_substeps else []
+        # Decode graphs per (batch, length, text width: 0 without refine rows, gathered: a first-audio substep);
+        # prefills per (rows, length, text).
+        self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._audio_graphs: dict[tuple[bool, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._audio_stream = None
@@ -307,8 +310,10 @@ class GraphEngine(Engine):
             raise ValueError(f"decode_kernels: fused cannot run this checkpoint: {reason}")
         return True
 
-    def _ragged(self, batch: int) -> bool:
-        return self.ragged_from is not None and batch >= self.ragged_from
+    def _ragged(self, batch: int, gathered: bool = False) -> bool:
+        """Whether a step attends with the ragged kernel: from ``ragged_from`` rows, and at every size for a
+        gathered step (it reads its rows' columns in place, where the masked path would copy them)."""
+        return self.ragged_from is not None and (gathered or batch >= self.ragged_from)
 
     def describe(self) -> dict:
         return {"engine": self.name, "max_num_seqs": self.max_num_seqs, "max_waiting": self.max_waiting,
@@ -317,6 +322,7 @@ class GraphEngine(Engine):
                 "decode_graphs": len(self._graphs), "prefill_graphs": len(self._prefill_graphs),
                 "audio_graphs": len(self._audio_graphs),
                 "refine_graphs": sum(k[2] > 0 for k in self._graphs) + sum(k[2] for k in self._prefill_graphs),
+                "substep_graphs": sum(k[3] for k in self._graphs),
                 "decode_attention": ("padded" if self.ragged_from is None
                                      else f"ragged from {self.ragged_from} rows"), "refine_rows": self.refine_rows,
                 "decode_kernels": "fused" if self.fused_decode else "modules",
@@ -428,12 +434,14 @@ class GraphEngine(Engine):
         end = self._refine_end
         kinds = (False, True) if end is not None else (False,)  # audio only; with refine-text rows
         # Largest first, so smaller graphs reuse the shared pool's blocks.
-        for batch in reversed(self.batch_buckets):
+        steps = [(batch, False) for batch in self.batch_buckets] + [(batch, True) for batch in self.substep_buckets]
+        for batch, gathered in sorted(steps, reverse=True):
             widths = [0, *text_widths_for(self.text_widths, batch)] if end is not None else [0]
             for length in reversed(self.length_buckets):
                 for width in reversed(widths):
-                    self._graphs[(batch, length, width)], _ = self._capture(side, pool, lambda: decode_step(
-                        gpt, state, batch, length, eos, end if width else None, self._ragged(batch), width or None))
+                    self._graphs[(batch, length, width, gathered)], _ = self._capture(side, pool, lambda: decode_step(
+                        gpt, state, batch, length, eos, end if width else None, self._ragged(batch, gathered),
+                        width or None, gathered))
         for rows in reversed(self.prefill_row_buckets):
             for length in reversed(self.prefill_length_buckets):
                 for text in kinds:
@@ -614,13 +622,9 @@ class GraphEngine(Engine):
     def _prefill(self, slotted: list[_Slotted]) -> _Output:
         now = time.monotonic()
         state = self._state
-        # While first-audio work runs or waits, other streams keep out of the low slots it steps in.
-        keep_low = bool(self._urgent_slots().any() or self._refine.waiting
-                        or any(s.request.stage == Stage.VOICE for s in slotted))
-        for seq in sorted(slotted, key=lambda s: s.request.stage != Stage.VOICE):  # voice passes claim first
+        for seq in slotted:
             self.observer.on_scheduled(seq.request, now - seq.request.arrival)
-            urgent = seq.request.stage == Stage.VOICE
-            seq.slot = self._slots.claim(0 if urgent or not keep_low else self.first_audio_slots)
+            seq.slot = self._slots.claim()
             self._stage_of[seq.slot] = _STAGE_INDEX[Stage(seq.request.stage).value]
         n = len(slotted)
         rows, length = self._prefill_shape(n, max(s.request.prompt_length for s in slotted))
@@ -744,48 +748,51 @@ class GraphEngine(Engine):
     # -- decode steps ----------------------------------------------------------------------------
 
     def _launch_steps(self) -> list[tuple[bool, _Output]]:
-        """A full decode step, then the first-audio substeps its pace allows (``engines.slots.SubstepPace``)
-        over the low slots that refine rows and voice passes hold; every output in launch order."""
+        """A full decode step, then the first-audio substeps its pace allows (``engines.slots.SubstepPace``):
+        gathered steps over the refine rows and voice passes alone; every output in launch order."""
         launched, batch = self._launch_step()
-        urgent = self._urgent_slots()
-        count = self._pace.full_step(time.monotonic(), bool(urgent.any()))
-        bound = substep_bound(urgent, self.batch_buckets, batch) if count else None
-        if count and bound is None:
-            held = np.flatnonzero(urgent)
-            self._stats.substep_too_wide(len(held), int(held[-1]) + 1, int((held >= self.first_audio_slots).sum()),
-                                         batch)
-        for _ in range(count if bound else 0):
-            launched.extend(self._launch_step(bound)[0])
+        urgent = np.flatnonzero(self._urgent_slots())
+        count = self._pace.full_step(time.monotonic(), len(urgent) > 0)
+        if count and substep_batch(len(urgent), self.substep_buckets, batch) is None:
+            self._stats.substep_too_wide(len(urgent), pick_bucket(self.batch_buckets, len(urgent)), batch)
+            count = 0
+        for _ in range(count):
+            launched.extend(self._launch_step(urgent)[0])
         return launched
 
-    def _launch_step(self, below: int | None = None) -> tuple[list[tuple[bool, _Output]], int]:
-        """One decode step over every occupied slot (``below``: those under it, a first-audio substep), audio
-        and refine-text rows together, at the smallest captured (batch, length) bucket that holds them:
-        replayed when captured, else run eagerly. Returns (is refine-text, output) for each kind present
-        (both read the same codes), and the step's batch bucket."""
+    def _launch_step(self, only: np.ndarray | None = None) -> tuple[list[tuple[bool, _Output]], int]:
+        """One decode step over every occupied slot (``only``: a first-audio substep over those slots alone,
+        gathered), audio and refine-text rows together, at the smallest captured (batch, length) bucket that
+        holds them: replayed when captured, else run eagerly. Returns (is refine-text, output) for each kind
+        present (both read the same codes), and the step's batch bucket."""
         state = self._state
         plan = self._slots.next_step(self.batch_buckets, self.length_buckets, self.max_model_len, self.refine_rows,
-                                     self.text_widths, below)
+                                     self.text_widths, only)
         slots, batch, length, mixed = plan.slots, plan.batch, plan.length, plan.mixed
+        gathered = plan.gather is not None
         if plan.text_index is not None:
             self._to_device(state.text_index, plan.text_index)
-        graph = self._graphs.get((batch, length, plan.text_width))
+        if gathered:
+            self._to_device(state.gather[:batch], plan.gather)
+        graph = self._graphs.get((batch, length, plan.text_width, gathered))
         if graph is not None:
             graph.replay()
         else:
             decode_step(self.model.gpt, state, batch, length, self._eos, self._refine_end if mixed else None,
-                        self._ragged(batch), plan.text_width or None)
+                        self._ragged(batch, gathered), plan.text_width or None, gathered)
         self.steps += 1
-        self.substeps += below is not None
+        self.substeps += gathered
         self.observer.on_step(len(slots))
         self._slots.stepped(slots)
         audio, text = plan.audio, plan.text
         stage_rows = np.bincount(self._stage_of[audio], minlength=len(STAGE_NAMES))
         stage_rows[_STAGE_INDEX["refine"]] = len(text)
-        self._stats.step(batch, stage_rows, substep=below is not None)
+        self._stats.step(batch, stage_rows, substep=gathered)
         want_hidden = bool(self._frames.want_hidden[audio].any())
-        codes = self._to_host(state.codes[:batch])
-        hidden = self._to_host(state.hidden[:batch]) if want_hidden else None
+        # Read back by slot (the step wrote each row's output into its slot's buffers): up to the highest slot.
+        top = int(slots[-1]) + 1
+        codes = self._to_host(state.codes[:top])
+        hidden = self._to_host(state.hidden[:top]) if want_hidden else None
         ready = self._event()
         outputs = []
         if len(audio):

@@ -95,6 +95,9 @@ class SlotState:
         # The slots of refine-text rows, padded with the scratch slot: a mixed step samples the text head
         # for these rows only (21k scores sorted per row: the costly part), not for the whole batch.
         self.text_index = torch.full((text_rows,), slots, **lng)
+        # The slots a gathered step steps (its rows, in order), padded with the scratch slot: a first-audio
+        # substep over refine rows and voice passes wherever their slots sit (decode_step(gathered=True)).
+        self.gather = torch.full((total,), slots, **lng)
         self.history = torch.full((total, MAX_REPETITION_WINDOW, self.heads), self.vocab, **lng)
         self.text_history = torch.full((total, MAX_REPETITION_WINDOW, 1), self.text_vocab, **lng)
         self.hidden = torch.zeros(total, s.hidden_size, **kv)
@@ -207,8 +210,10 @@ def sample_slots(state: SlotState, rows, logits: torch.Tensor, eos: int, history
 
 
 def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_end: int | None = None,
-                ragged: bool = False, text_width: int | None = None) -> None:
+                ragged: bool = False, text_width: int | None = None, gathered: bool = False) -> None:
     """One generation step for slots ``[0, batch)`` over KV columns ``[0, length)``; static shapes only.
+    ``gathered``: for the slots ``state.gather[:batch]`` instead, wherever they sit (a first-audio substep;
+    ragged attention reads their columns in place, the masked path copies them).
 
     With ``text_end`` the step is mixed: the slots in ``state.text_index`` (flagged ``is_text``) are
     refine-text rows (text embedding in, text head out, ``text_end`` their end token) beside the audio
@@ -217,18 +222,29 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_e
     masked ``scaled_dot_product_attention`` over the bucket. ``text_width``: how many entries of the text
     index the text head reads (default: as many as the batch holds).
     """
-    rows = state.rows[:batch]
-    position = state.position[:batch]
+    # rows: each row's slot; sel: the same rows as an index of the per-slot buffers.
+    rows = state.gather[:batch] if gathered else state.rows[:batch]
+    sel = rows if gathered else slice(0, batch)
+    position = state.position[sel]
     # Always read: a slot whose refine job ended keeps its flag (and a text token as input) until its
     # next prefill, and stepping it as audio would index the code embeddings with a text token.
-    is_text = state.is_text[:batch]
-    h = state.embed(state.codes[:batch], is_text).to(gpt.dtype)[:, None, :]  # [B, 1, H]
+    is_text = state.is_text[sel]
+    h = state.embed(state.codes[sel], is_text).to(gpt.dtype)[:, None, :]  # [B, 1, H]
     cos, sin = gpt.llama.rotary_emb(h, position[:, None])
+
+    def cached(idx):
+        """The key and value columns attention reads: the step's slots, or every slot when ragged attention
+        gathers them itself."""
+        if not gathered:
+            return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
+        if ragged:
+            return state.keys[idx][:, :, :length], state.values[idx][:, :, :length]
+        return state.keys[idx][rows, :, :length], state.values[idx][rows, :, :length]
 
     def write_kv(idx, k, v):
         state.keys[idx][rows, :, position] = k[:, :, 0]
         state.values[idx][rows, :, position] = v[:, :, 0]
-        return state.keys[idx][:batch, :, :length], state.values[idx][:batch, :, :length]
+        return cached(idx)
 
     mask = attend = None
     if ragged:
@@ -238,7 +254,7 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_e
         lengths = torch.clamp(position + 1, max=length)
 
         def attend(q, keys, values):
-            return ragged_decode_attention(q, keys, values, lengths, length)
+            return ragged_decode_attention(q, keys, values, lengths, length, slots=rows if gathered else None)
     else:
         mask = (state.columns[None, :length] <= position[:, None])[:, None, None, :]
     if state.trunk is not None:  # engines.fused: the same layers in 9 launches each
@@ -247,26 +263,28 @@ def decode_step(gpt, state: SlotState, batch: int, length: int, eos: int, text_e
         groups = state.trunk.heads // state.trunk.kv_heads
 
         def padded(q, keys, values):
+            if gathered:  # decode_trunk hands every slot over; the masked path reads the step's own
+                keys, values = keys[rows], values[rows]
             if groups > 1:
                 keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
         hidden = decode_trunk(state.trunk, h[:, 0], cos, sin, position, state.keys, state.values, batch, length,
-                              attend or padded)
+                              attend or padded, rows if gathered else None)
     else:
         hidden = gpt.body(h, cos, sin, mask, write_kv, attend)[:, 0]
-    state.hidden[:batch] = hidden
-    codes = sample_slots(state, slice(0, batch), state.code_logits(hidden), eos, state.history)
+    state.hidden[sel] = hidden
+    codes = sample_slots(state, sel, state.code_logits(hidden), eos, state.history)
     if text_end is not None:
         # Refine rows: the text head over their hidden states; the text ring written before the counter moves.
         index = state.text_index[:min(batch, state.text_index.numel()) if text_width is None else text_width]
         text = sample_slots(state, index, state.text_logits(state.hidden[index]), text_end, state.text_history)
         state.text_history[index, state.generated[index] % MAX_REPETITION_WINDOW] = text
-    state.record(slice(0, batch), codes, codes, None, hidden)
+    state.record(sel, codes, codes, None, hidden)
     if text_end is not None:
         state.codes[index] = F.pad(text, (0, state.heads - 1))
     # Clamped so a row that already ended (read one step late) can never index past the cache.
-    state.position[:batch] = torch.clamp(position + 1, max=state.max_len - 1)
+    state.position[sel] = torch.clamp(position + 1, max=state.max_len - 1)
 
 
 def prefill_step(gpt, state: SlotState, rows: int, length: int, eos: int, speaker_token: int | None,

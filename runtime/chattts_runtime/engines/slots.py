@@ -12,9 +12,9 @@ graph engine's worker reasons about between two launches (``engines.graph``; the
 * :func:`gather_open`: whether waiting audio may be prefilled now or gathered a little longer;
 * :class:`FrameBook` and :class:`RefineBook`: what one step's output means per slot (a frame
   kept, a chunk due, a stream or a refine job at its end);
-* :func:`substep_bound` and :class:`SubstepPace`: the first-audio substeps (the low slots that refine
-  rows and voice passes take, stepped again between full steps while playing streams stay ahead of
-  real time);
+* :func:`substep_batch` and :class:`SubstepPace`: the first-audio substeps (gathered steps over the refine
+  rows and voice passes, wherever their slots sit, between full steps while playing streams stay ahead
+  of real time);
 * :class:`WindowHold`: which audio windows of playing streams wait a little to be decoded with others of
   their shape (a window launch costs about as much at one row as at eight);
 * :class:`LoopStats`: where the worker's time and the steps' rows went (logged periodically: the
@@ -77,8 +77,8 @@ def gather_open(waiting: int, oldest_arrival: float | None, *, streaming: bool, 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One decode step: slots ``[0, batch)`` over KV columns ``[0, length)``; its text head over the first
-    ``text_width`` entries of the text index (0: no refine rows ride in it)."""
+    """One decode step: slots ``[0, batch)`` (or the ``gather`` rows' slots) over KV columns ``[0, length)``;
+    its text head over the first ``text_width`` entries of the text index (0: no refine rows ride in it)."""
 
     slots: np.ndarray  # the occupied slots, ascending (the rows read back)
     batch: int
@@ -89,6 +89,9 @@ class StepPlan:
     # step's text-head index must be rewritten); None when it still holds.
     text_index: np.ndarray | None = None
     text_width: int = 0
+    # A gathered step (a first-audio substep): each of its ``batch`` rows' slot, padded with the scratch slot;
+    # None: a step over slots [0, batch).
+    gather: np.ndarray | None = None
 
     @property
     def mixed(self) -> bool:
@@ -120,14 +123,12 @@ class SlotTable:
     def busy(self) -> bool:
         return bool(self.audio.any() or self.text.any())
 
-    def claim(self, above: int = 0) -> int:
-        """The lowest free slot from ``above`` on, else the lowest free one: a step covers slots up to the
-        highest one held, so low slots keep it small; ``above`` keeps the slots below it for the work a
-        first-audio substep covers (:func:`substep_bound`)."""
+    def claim(self) -> int:
+        """The lowest free slot: a full step covers slots up to the highest one held, so low slots keep it
+        small."""
         if not self._free:
             raise RuntimeError("no free slot")
-        at = bisect.bisect_left(self._free, above)
-        return self._free.pop(at if at < len(self._free) else 0)
+        return self._free.pop(0)
 
     def occupy(self, slots: np.ndarray, positions, *, text: bool) -> np.ndarray:
         """Claimed ``slots`` now hold newcomers of one kind whose next inputs sit at ``positions``; returns
@@ -162,17 +163,26 @@ class SlotTable:
         return (self.text if text else self.audio)[slots] & (self.epoch[slots] == epochs)
 
     def next_step(self, batch_buckets: list[int], length_buckets: list[int], max_len: int,
-                  text_rows: int, text_widths: list[int] | None = None, below: int | None = None) -> StepPlan:
+                  text_rows: int, text_widths: list[int] | None = None, only: np.ndarray | None = None) -> StepPlan:
         """The decode step over every occupied slot at the smallest buckets that hold them (call when
         ``busy``); ``text_rows``: the size of the text-head index; ``text_widths``: the widths its text
         head is captured at (default: ``text_rows`` alone), the smallest that holds the refine rows taken.
-        ``below``: a step over the occupied slots under it only (a first-audio substep: it must hold every
-        refine row, whose text-head index is shared by all steps)."""
+        ``only``: a gathered step over those occupied slots alone, wherever they sit (a first-audio substep:
+        it must hold every refine row, whose text-head index is shared by all steps)."""
         occupied = self.audio | self.text
-        slots = np.flatnonzero(occupied if below is None else occupied[:below])
-        if below is not None and self.text[below:].any():
-            raise ValueError("a step below a slot must hold every refine row")
-        batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
+        gather = None
+        if only is None:
+            slots = np.flatnonzero(occupied)
+            batch = pick_bucket(batch_buckets, int(slots[-1]) + 1)
+        else:
+            slots = np.unique(np.asarray(only, np.int64))
+            if not len(slots) or not occupied[slots].all():
+                raise ValueError("a gathered step steps occupied slots only, at least one")
+            if self.text.sum() != self.text[slots].sum():
+                raise ValueError("a gathered step must hold every refine row")
+            batch = pick_bucket(batch_buckets, len(slots))
+            gather = np.full(batch, self.scratch, np.int64)
+            gather[:len(slots)] = slots
         need = min(int(self.position[slots].max()), max_len - 1) + 1
         text = slots[self.text[slots]]
         index = None
@@ -182,7 +192,7 @@ class SlotTable:
             self._text_changed = False
         width = text_width(text_widths or [text_rows], len(text), batch) if len(text) else 0
         return StepPlan(slots, batch, pick_bucket(length_buckets, need), slots[self.audio[slots]], text, index,
-                        width)
+                        width, gather)
 
     def stepped(self, slots: np.ndarray) -> None:
         """A step over ``slots`` was launched: their next inputs are one position on."""
@@ -197,15 +207,14 @@ class SlotTable:
         self._text_changed = True
 
 
-def substep_bound(urgent: np.ndarray, batch_buckets: list[int], full_batch: int) -> int | None:
-    """The batch bucket of a first-audio substep over the slots flagged ``urgent`` (every refine row and
-    voice pass): the smallest that holds them, or None when there are none or it would cover more than
-    half of the full step's ``full_batch`` (a substep as wide as the step saves nothing)."""
-    held = np.flatnonzero(urgent)
-    if not len(held):
+def substep_batch(urgent_rows: int, batch_buckets: list[int], full_batch: int) -> int | None:
+    """The batch bucket of a first-audio substep, a gathered step over ``urgent_rows`` rows (every refine row
+    and voice pass): the smallest that holds them, or None when there are none or it would cover more than
+    half of the full step's ``full_batch`` (a substep nearly as wide as the step saves little)."""
+    if not urgent_rows or not batch_buckets or urgent_rows > batch_buckets[-1]:
         return None
-    bound = pick_bucket(batch_buckets, int(held[-1]) + 1)
-    return bound if 2 * bound <= full_batch else None
+    batch = pick_bucket(batch_buckets, urgent_rows)
+    return batch if 2 * batch <= full_batch else None
 
 
 class SubstepPace:
@@ -399,9 +408,9 @@ class RefineBook:
 
 
 STAGE_NAMES = ("first", "voice", "next", "refine")  # a step's rows by what they stand for (engines.schedule.Stage)
-# A too-wide step's account (means over those steps): its first-audio rows, the slots up to the highest of
-# them, how many of them sat above the low slots kept for them, and the full step's batch bucket.
-TOO_WIDE_NAMES = ("urgent_rows", "urgent_span", "urgent_above_low", "full_batch")
+# A too-wide step's account (means over those steps): its first-audio rows, the batch bucket a substep over
+# them would take, and the full step's batch bucket.
+TOO_WIDE_NAMES = ("urgent_rows", "substep_batch", "full_batch")
 
 
 class LoopStats:
@@ -418,9 +427,9 @@ class LoopStats:
     def reset(self) -> None:
         self.began = self._clock()
         self.steps = self.substeps = 0
-        self.substeps_too_wide = 0  # full steps whose pace allowed substeps, but the first-audio rows spread too wide
-        # At those steps, summed: the first-audio rows, the slots up to the highest of them, the rows of them
-        # above the low slots kept for them, and the full step's batch bucket (what made each one too wide).
+        self.substeps_too_wide = 0  # full steps whose pace allowed substeps, but the first-audio rows were too many
+        # At those steps, summed: the first-audio rows, the bucket a substep over them would take, and the full
+        # step's batch bucket (what made each one too wide).
         self.too_wide = np.zeros(len(TOO_WIDE_NAMES), np.int64)
         self.bucket_rows = 0
         self.rows = np.zeros(len(STAGE_NAMES), np.int64)
@@ -437,12 +446,11 @@ class LoopStats:
         self.bucket_rows += batch
         self.rows += stage_rows
 
-    def substep_too_wide(self, urgent_rows: int, span: int, above_low: int, full_batch: int) -> None:
-        """Substeps were due after a full step, but the first-audio rows' bound was over half of it:
-        ``urgent_rows`` of them, the highest in slot ``span - 1``, ``above_low`` of them above the low slots
-        kept for them, in a full step over a batch bucket of ``full_batch``."""
+    def substep_too_wide(self, urgent_rows: int, substep_batch: int, full_batch: int) -> None:
+        """Substeps were due after a full step, but a substep over the ``urgent_rows`` first-audio rows would
+        take a batch bucket of ``substep_batch``, over half of the full step's ``full_batch``."""
         self.substeps_too_wide += 1
-        self.too_wide += (urgent_rows, span, above_low, full_batch)
+        self.too_wide += (urgent_rows, substep_batch, full_batch)
 
     def prefill(self, rows: int) -> None:
         self.prefills += 1
