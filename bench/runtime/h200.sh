@@ -7,6 +7,8 @@
 # From the repository root. Steps, in this order (each one's output tee'd to <step>.log):
 #   anchor       python3 .anchor/chattts_gpt_anchor.py (the ceiling; ~1 min)      only with --anchor
 #   graph_check  python3 -m bench.runtime.graph_check --size full
+#   gathered     python3 -m bench.runtime.gathered_check: a first-audio substep (a gathered step over scattered
+#                slots) against the full step, through the real kernels and a captured graph (~30 s)
 #   engine_load  python3 -m bench.runtime.engine_load --engine graph --size full ...
 #   graph        python3 -m bench.runtime ... --engine graph      (the speech API end to end)
 #   faithful     python3 -m bench.runtime ... --engine graph --mixed --refine on --audio-decoder decoder
@@ -87,7 +89,7 @@ if [ -z "$STEPS" ]; then
   [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
-KNOWN_STEPS="anchor graph_check engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 upstream memprobe dtype reference loadgen"
+KNOWN_STEPS="anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 upstream memprobe dtype reference loadgen"
 AB_ABLE="graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 reference"  # bench.runtime steps
 for step in $STEPS "${!AB[@]}"; do
   case " $KNOWN_STEPS " in *" $step "*) ;;
@@ -169,7 +171,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 esac
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
-declare -A CAP=([anchor]=120 [graph_check]=220 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
+declare -A CAP=([anchor]=120 [graph_check]=220 [gathered]=90 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
                 [faithful_stream]=210 [fixed128]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 if [ "$smoke" = 1 ]; then  # a shared 2-core CI machine, not an H200
   for step in "${!CAP[@]}"; do CAP[$step]=$((CAP[$step] * 3)); done
@@ -190,6 +192,7 @@ step_command() {
   case "$1" in
     anchor) echo "python3 .anchor/chattts_gpt_anchor.py" ;;
     graph_check) echo "python3 -m bench.runtime.graph_check --size full --out $STAGE/results/graph_check.json" ;;
+    gathered) echo "python3 -m bench.runtime.gathered_check --device $DEVICE --size $SIZE --out $STAGE/results" ;;
     engine_load) echo "python3 -m bench.runtime.engine_load --engine graph --size $SIZE --concurrency ${LEVELS} --rounds $ROUNDS --audio --out $STAGE/results/engine_load-graph.json" ;;
     loadgen) if [ "$smoke" = 1 ]; then echo "python3 -m bench.runtime.loadgen --concurrency 2 --rounds 1 --frames 16 --server-procs 1 --client-procs 1 --client-lib httpx --out $STAGE/results/loadgen-capacity.json"
              else echo "python3 -m bench.runtime.loadgen --concurrency 256 --rounds 4 --frames 128 --client-procs 1,8 --client-lib aiohttp,httpx --interval-ms 0,120 --out $STAGE/results/loadgen-capacity.json"; fi ;;

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ("anchor graph_check engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream "
+STEPS = ("anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream "
          "fixed128 upstream memprobe dtype reference loadgen")
 
 
