@@ -293,6 +293,44 @@ def test_first_audio_substeps_step_voice_passes_and_refine_rows_more_often_and_c
     assert tokens == refined
 
 
+def test_an_engine_whose_gathered_step_fails_serves_without_substeps(tiny_model, monkeypatch, caplog):
+    """The gathered step is probed once at set-up; if it cannot run (a kernel that will not build), the engine
+    still serves every request, with substeps off, the error logged and describe() saying so."""
+    from chattts_runtime.engines import graph
+    from chattts_runtime.engines.schedule import Stage
+
+    plain = graph.decode_step
+
+    def no_gather(*args, gathered=False, **kwargs):
+        if gathered:
+            raise RuntimeError("no gathered kernel here")
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(graph, "decode_step", no_gather)
+    params = SamplingParams(temperature=0, max_new_frames=20, min_new_frames=20)
+    engine = GraphEngine(tiny_model, max_num_seqs=16, pad_shapes=True, first_audio_substeps=2, playing_realtime=1e-9)
+
+    def voice(i, text):
+        made = request(tiny_model, i, text, params)
+        made.stage = Stage.VOICE if i % 2 else Stage.FIRST
+        return made
+
+    async def run():
+        with caplog.at_level(logging.ERROR, logger="chattts_runtime.engines.graph"):
+            await engine.start()
+        try:
+            async def frames(stream):
+                return sum([len(chunk.codes) async for chunk in stream])
+
+            return await asyncio.gather(*(frames(engine.submit(voice(i, t))) for i, t in enumerate(TEXTS[:4])))
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(run()) == [20] * 4
+    assert engine.substeps == 0 and engine.describe()["first_audio_substeps"] == 0
+    assert any("first-audio substeps are off" in r.getMessage() for r in caplog.records)
+
+
 def test_substeps_too_wide_are_counted_with_what_made_them_too_wide(tiny_model):
     """Only voice passes in the engine: the first-audio rows fill the whole step, so no substep can be narrower
     than half of it. Every full step says so, with the rows, the substep's bucket they would take and the

@@ -386,6 +386,7 @@ class GraphEngine(Engine):
                                 text_rows=self.refine_rows)
         if self.fused_decode:
             self._fuse_trunk()
+        self._probe_substeps()
         if self.cuda:
             self._audio_stream = torch.cuda.Stream(device=self.model.device)
         if self.use_graphs:
@@ -412,6 +413,20 @@ class GraphEngine(Engine):
             log.exception("the fused decode kernels failed to run: decode steps run the modules")
             state.trunk = None
             self.fused_decode = False
+
+    def _probe_substeps(self) -> None:
+        """One eager gathered step (on the scratch slot) before any capture: first-audio substeps need the decode
+        kernels to index the cache by each row's slot. Should that fail, the engine serves without substeps,
+        with the error logged and ``describe()`` saying 0 of them, rather than not at all."""
+        if not self._pace.most:
+            return
+        try:
+            decode_step(self.model.gpt, self._state, 1, self.length_buckets[0], self._eos, None, self._ragged(1, True),
+                        None, gathered=True)
+        except Exception:
+            log.exception("a gathered decode step failed to run: first-audio substeps are off")
+            self._pace.most = 0
+            self.substep_buckets = []
 
     def _capture(self, stream, pool, fn):
         """Warm ``fn`` up on ``stream`` (kernels chosen, workspaces made), then capture it there."""
