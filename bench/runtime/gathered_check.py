@@ -83,20 +83,13 @@ def check(model, trunk, ragged: bool) -> dict:
                 state.gather[:batch] = gather
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            warm = gathered  # kernels built on other buffers, before the capture
-            warm.gather[:batch] = gather
-            with torch.cuda.stream(side):
-                decode_step(model.gpt, warm, batch, LENGTH, eos, None, ragged, gathered=True)
+            with torch.cuda.stream(side):  # warm-up on the capture's stream (its workspaces), on other buffers
+                decode_step(model.gpt, gathered, batch, LENGTH, eos, None, ragged, gathered=True)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
+            # Capturing records the step without running it: `graphed` still holds the starting state.
             with torch.cuda.graph(graph, stream=side):
                 decode_step(model.gpt, graphed, batch, LENGTH, eos, None, ragged, gathered=True)
-            # Capture recorded the step without running it: start again from the same state, then replay.
-            fresh = _state(model, torch, trunk)
-            for name in ("codes", "position", "generated", "hidden", "history"):
-                getattr(graphed, name).copy_(getattr(fresh, name))
-            for a, b in zip(graphed.keys + graphed.values, fresh.keys + fresh.values):
-                a.copy_(b)
             graph.replay()
             decode_step(model.gpt, eager, batch, LENGTH, eos, None, ragged, gathered=True)
             torch.cuda.synchronize()
