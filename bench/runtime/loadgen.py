@@ -155,6 +155,7 @@ def summarize(results: Sequence[ProcResult], released: float, stagger_s: float =
     return {
         "requests": len(records), "steady_requests": len(steady), "wall_s": wall, "audio_s": audio,
         "steady_window_s": max(0.0, end - start), "stagger_s": stagger_s,
+        "steady_began_at": start, "steady_ended_at": end,  # time.monotonic(), system-wide: the server's clock too
         "throughput_audio_s_per_s": throughput, "throughput_wall_audio_s_per_s": audio / wall,
         "ttfa_p50_s": percentile(ttfa, 0.5), "ttfa_p99_s": percentile(ttfa, 0.99),
         "rtf_p50": percentile(rtf, 0.5), "rtf_p99": percentile(rtf, 0.99),

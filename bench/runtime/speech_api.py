@@ -188,9 +188,11 @@ def log_size(log: Path) -> int:
         return 0
 
 
-def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
+def engine_loop(log: Path, offset: int, window: tuple[float, float] | None = None) -> tuple[dict | None, int]:
     """The graph engine's loop reports logged since byte ``offset`` of the server's ``log``, merged
-    (``merge_loop_reports``), and the log's new end; None when none were logged."""
+    (``merge_loop_reports``), and the log's new end; None when none were logged. With ``window`` (the
+    level's steady window on ``time.monotonic``), only the reports that lie mostly inside it
+    (``in_window``), when there are any: the ramps at a level's start and end carry fewer rows."""
     try:
         with log.open("rb") as fh:
             fh.seek(offset)
@@ -206,7 +208,17 @@ def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
                 continue
     if not reports:
         return None, offset + len(text)
-    return merge_loop_reports(reports), offset + len(text)
+    steady = in_window(reports, window) if window else []
+    merged = merge_loop_reports(steady or reports)
+    merged["scope"] = "steady window" if steady else "level"
+    return merged, offset + len(text)
+
+
+def in_window(reports: list[dict], window: tuple[float, float]) -> list[dict]:
+    """The reports whose middle falls inside ``window`` (``[start, end]`` on the engine's clock); none from a
+    revision whose reports do not say when they were taken."""
+    start, end = window
+    return [r for r in reports if "began_at" in r and start <= (r["began_at"] + r["ended_at"]) / 2 <= end]
 
 
 # What each mean of a loop report is a mean over (engines.slots.LoopStats.report), as a count of the report
@@ -215,6 +227,12 @@ def engine_loop(log: Path, offset: int) -> tuple[dict | None, int]:
 LOOP_MEAN_OVER = {"rows_per_step": "steps_per_s", "idle_rows_per_step": "steps_per_s",
                   "rows_per_prefill": "prefills_per_s", "rows_per_audio_launch": "audio_launches_per_s",
                   "too_wide": "substeps_too_wide_per_s"}
+
+
+def steady_window(row: dict) -> tuple[float, float] | None:
+    """A level's steady window on ``time.monotonic`` (``loadgen.summarize``), None when it has none."""
+    start, end = row.get("steady_began_at"), row.get("steady_ended_at")
+    return (start, end) if start is not None and end is not None and end > start else None
 
 
 def merge_loop_reports(reports: list[dict]) -> dict:
@@ -230,7 +248,12 @@ def merge_loop_reports(reports: list[dict]) -> dict:
         return round(sum(v * w for v, w in zip(values, weights)) / total, 3) if total else 0.0
 
     merged = {"reports": len(reports), "wall_s": round(sum(r["wall_s"] for r in reports), 1)}
+    if all("began_at" in r for r in reports):  # the span they cover, not a mean of clock readings
+        merged["began_at"] = min(r["began_at"] for r in reports)
+        merged["ended_at"] = max(r["ended_at"] for r in reports)
     for key, value in reports[0].items():
+        if key in ("began_at", "ended_at"):
+            continue
         if isinstance(value, dict):
             merged[key] = {name: mean(key, [r[key][name] for r in reports]) for name in value}
         elif key != "wall_s":
@@ -367,8 +390,8 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         wide_labels = " / ".join(TOO_WIDE_LABELS.get(name, name) for name in wide_names) or "-"
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
                   f"refine / idle | substeps too wide/s ({wide_labels}) "
-                  "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share | over |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in loops:
             loop = row["engine_loop"]
             rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
@@ -377,9 +400,12 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
                          f"| {rows} | {loop.get('substeps_too_wide_per_s', 0):.1f} ({wide}) "
                          f"| {loop['prefills_per_s']:.1f} "
                          f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
-                         f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} |")
-        lines += ["", "Engine loop: the graph engine's account while the level ran (`engine.loop_report_seconds`, "
-                  "merged: rates by seconds of work, means by what they are means over): decode steps per second "
+                         f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} "
+                         f"| {loop.get('scope', 'level')}, {loop['reports']} reports |")
+        lines += ["", "Engine loop: the graph engine's account (`engine.loop_report_seconds`, merged: rates by seconds "
+                  "of work, means by what they are means over), over the reports whose middle fell inside the "
+                  "level's steady window (else, and for revisions whose reports carry no clock readings, over the "
+                  "whole level, ramps included; the last column says which): decode steps per second "
                   "of work (of them, first-audio substeps over the refine rows and voice passes), each "
                   "step's rows by stage and the free rows of its batch bucket, the full steps whose pace allowed "
                   "substeps that did not run because a substep over the first-audio rows would have been over half "
@@ -426,13 +452,13 @@ async def main_async(args) -> dict:
         log_offset = log_size(log)  # the loop reports of start-up and warm-up are not the levels'
         sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
                                      client_lib=client_lib)
-        sequential["engine_loop"], log_offset = engine_loop(log, log_offset)
+        sequential["engine_loop"], log_offset = engine_loop(log, log_offset, steady_window(sequential))
         results = []
         for c in levels:
             stagger = args.stagger if c > 1 else 0.0
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
                                   client_lib=client_lib, stagger_s=stagger)
-            row["engine_loop"], log_offset = engine_loop(log, log_offset)
+            row["engine_loop"], log_offset = engine_loop(log, log_offset, steady_window(row))
             results.append(row)
             classes = ", ".join(f"{name} p99 {c['ttfa_p99_s']:.3f}" for name, c in row["ttfa_by_class"].items())
             parts = ", ".join(f"{name} p50 {p['p50_s']:.3f}" for name, p in row["first_audio_parts"].items())

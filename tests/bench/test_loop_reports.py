@@ -1,5 +1,7 @@
 """The benchmark's merge of the graph engine's loop reports (bench.runtime.speech_api.merge_loop_reports)."""
-from bench.runtime.speech_api import merge_loop_reports
+import json
+
+from bench.runtime.speech_api import engine_loop, in_window, merge_loop_reports
 
 
 def _report(wall, busy, steps, too_wide_per_s, too_wide_rows, rows_per_step, prefills, rows_per_prefill):
@@ -30,3 +32,36 @@ def test_a_mean_over_nothing_is_zero():
                    prefills=0.0, rows_per_prefill=0.0)
     merged = merge_loop_reports([idle, idle])
     assert merged["too_wide"]["urgent_rows"] == 0.0 and merged["rows_per_step"]["first"] == 0.0
+
+
+def _logged(tmp_path, reports):
+    from bench.runtime.speech_api import LOOP_MARK
+
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"2026-12-07 10:00:00,000 INFO engine {LOOP_MARK}{json.dumps(r)}\n" for r in reports)
+                   + "INFO something else\n")
+    return log
+
+
+def test_the_loop_account_of_a_level_is_its_steady_window_when_the_reports_say_when_they_were_taken(tmp_path):
+    ramp_up = {**_report(2.0, 1.0, 100.0, 0.0, 0.0, 10.0, 0.0, 0.0), "began_at": 10.0, "ended_at": 12.0}
+    steady = {**_report(2.0, 1.0, 300.0, 0.0, 0.0, 200.0, 0.0, 0.0), "began_at": 12.0, "ended_at": 14.0}
+    ramp_down = {**_report(2.0, 1.0, 100.0, 0.0, 0.0, 10.0, 0.0, 0.0), "began_at": 14.0, "ended_at": 16.0}
+    log = _logged(tmp_path, [ramp_up, steady, ramp_down])
+    # The steady window 11.5 .. 14.5 holds the middle of the second report only (13.0; the others' are 11 and 15).
+    merged, end = engine_loop(log, 0, (11.5, 14.5))
+    assert merged["scope"] == "steady window" and merged["reports"] == 1
+    assert merged["rows_per_step"]["first"] == 200.0 and merged["steps_per_s"] == 300.0
+    assert (merged["began_at"], merged["ended_at"]) == (12.0, 14.0) and end == log.stat().st_size
+    # No window, or one no report falls in: the whole level, and the span it covers.
+    for window in (None, (100.0, 200.0)):
+        whole, _ = engine_loop(log, 0, window)
+        assert whole["scope"] == "level" and whole["reports"] == 3
+        assert (whole["began_at"], whole["ended_at"]) == (10.0, 16.0)
+
+
+def test_reports_of_a_revision_without_clock_readings_are_merged_over_the_level(tmp_path):
+    old = [_report(1.0, 1.0, 100.0, 0.0, 0.0, 10.0, 0.0, 0.0), _report(1.0, 1.0, 300.0, 0.0, 0.0, 30.0, 0.0, 0.0)]
+    merged, _ = engine_loop(_logged(tmp_path, old), 0, (0.0, 1e9))
+    assert merged["scope"] == "level" and merged["reports"] == 2 and "began_at" not in merged
+    assert in_window(old, (0.0, 1e9)) == []

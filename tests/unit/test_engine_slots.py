@@ -221,6 +221,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     now[0] += 3.0
     report = stats.report()
     assert (report["wall_s"], report["busy_share"]) == (2.0, 0.667)
+    assert (report["began_at"], report["ended_at"]) == (100.0, 103.0)  # where it lies on the clock
     assert (report["steps_per_s"], report["substeps_per_s"], report["substeps_too_wide_per_s"]) == (1.5, 0.5, 0.5)
     assert report["too_wide"] == {"urgent_rows": 40.0, "substep_batch": 64.0, "full_batch": 64.0}
     assert report["rows_per_step"] == {"first": 1.0, "voice": 2.0, "next": 1.3, "refine": 0.7}
@@ -231,6 +232,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     now[0] += 1.0
     fresh = stats.report()
     assert fresh["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
+    assert (fresh["began_at"], fresh["ended_at"]) == (103.0, 104.0)
     assert fresh["too_wide"] == dict.fromkeys(("urgent_rows", "substep_batch", "full_batch"), 0.0)
 
 

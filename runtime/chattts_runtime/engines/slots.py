@@ -468,11 +468,15 @@ class LoopStats:
         self.idle += seconds
 
     def report(self) -> dict:
-        """The account since the last reset (per second and per step), then a fresh one."""
-        elapsed = self._clock() - self.began
+        """The account since the last reset (per second and per step), then a fresh one. ``began_at`` and
+        ``ended_at`` are the clock's readings (``time.monotonic``: on Linux one clock for every process of
+        the host, so a benchmark can tell which reports fall inside its own window)."""
+        now = self._clock()
+        elapsed = now - self.began
         wall = max(elapsed - self.idle, 1e-9)  # seconds of work
         steps = max(self.steps, 1)
-        out = {"wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
+        out = {"began_at": round(self.began, 3), "ended_at": round(now, 3),
+               "wall_s": round(wall, 3), "busy_share": round(wall / max(elapsed, 1e-9), 3),
                "steps_per_s": round(self.steps / wall, 1), "substeps_per_s": round(self.substeps / wall, 1),
                "substeps_too_wide_per_s": round(self.substeps_too_wide / wall, 1),
                "too_wide": {name: round(float(n) / max(self.substeps_too_wide, 1), 1)
