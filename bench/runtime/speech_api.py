@@ -173,9 +173,48 @@ async def scrape(url: str) -> dict[str, float]:
         for s in fam.samples:
             if s.name in (f"{metric_names.SCHEDULER_DEADLINE_WAIT}_sum", f"{metric_names.SCHEDULER_DEADLINE_WAIT}_count",
                           "chattts_batch_size_sum", "chattts_batch_size_count",
-                          "chattts_event_loop_lag_seconds_sum", "chattts_event_loop_lag_seconds_count"):
+                          "chattts_event_loop_lag_seconds_sum", "chattts_event_loop_lag_seconds_count",
+                          metric_names.REQUESTS_RUNNING, metric_names.REQUESTS_WAITING):
                 out[s.name] = s.value
     return out
+
+
+OCCUPANCY_EVERY_S = 0.25  # how often a level's engine occupancy is sampled from the server's gauges
+
+
+async def sample_occupancy(url: str, stop: asyncio.Event) -> list[tuple[float, float, float]]:
+    """``(time.monotonic(), requests running, requests waiting)`` from the server's gauges, every
+    ``OCCUPANCY_EVERY_S`` until ``stop``; a failed scrape is skipped (the level's own checks report it)."""
+    samples = []
+    while not stop.is_set():
+        try:
+            got = await scrape(url)
+            samples.append((time.monotonic(), got.get(metric_names.REQUESTS_RUNNING, 0.0),
+                            got.get(metric_names.REQUESTS_WAITING, 0.0)))
+        except Exception:  # noqa: BLE001  (a sample, not a measurement: the next one may answer)
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), OCCUPANCY_EVERY_S)
+        except asyncio.TimeoutError:
+            pass
+    return samples
+
+
+def occupancy(samples: list[tuple[float, float, float]], streams: int,
+              window: tuple[float, float] | None) -> dict | None:
+    """Where a level's ``streams`` were on average: audio requests running in the engine (a slot each; a
+    voice pass is one, and a long input's next piece run ahead is a second), responses waiting (in the
+    engine's queue, or in refine-text), and the streams with neither (the voice encode, hand-offs between
+    pieces, a response's last audio, the client between requests; a lower bound, as a response may run
+    two pieces). Over the samples inside ``window`` (the steady window), else over all; None without any."""
+    inside = [s for s in samples if window and window[0] <= s[0] <= window[1]]
+    chosen = inside or samples
+    if not chosen:
+        return None
+    running = sum(s[1] for s in chosen) / len(chosen)
+    waiting = sum(s[2] for s in chosen) / len(chosen)
+    return {"samples": len(chosen), "scope": "steady window" if inside else "level", "running": round(running, 1),
+            "waiting": round(waiting, 1), "neither": round(max(0.0, streams - running - waiting), 1)}
 
 
 LOOP_MARK = "engine loop: "  # the graph engine's periodic account (engines.slots.LoopStats), one JSON per line
@@ -284,8 +323,15 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
     def sample_server_cpu() -> None:
         server_cpu.append(process_cpu_seconds(server_pid) if server_pid else None)
 
-    row = await asyncio.to_thread(loadgen.run_level, url, concurrency, requests_per_client, texts,
-                                  client_procs, client_lib, sample_server_cpu, sample_server_cpu, stagger_s)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_occupancy(url, stop))
+    try:
+        row = await asyncio.to_thread(loadgen.run_level, url, concurrency, requests_per_client, texts,
+                                      client_procs, client_lib, sample_server_cpu, sample_server_cpu, stagger_s)
+    finally:
+        stop.set()
+        samples = await sampler
+    row["occupancy"] = occupancy(samples, concurrency, steady_window(row))
     after = await scrape(url)
     cpu0, cpu1 = server_cpu
 
@@ -372,6 +418,20 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         for name, c in row.get("ttfa_by_class", {}).items():
             lines.append(f"| {row['concurrency']} | {name} | {c['requests']} | {c['ttfa_p50_s']:.3f} "
                          f"| {c['ttfa_p99_s']:.3f} |")
+    occupied = [row for row in [report["sequential"], *report["levels"]] if row.get("occupancy")]
+    if occupied:
+        lines += ["", "| concurrency | audio requests running (mean) | waiting | neither | samples (over) |",
+                  "|---|---|---|---|---|"]
+        for row in occupied:
+            occ = row["occupancy"]
+            lines.append(f"| {row['concurrency']} | {occ['running']:.1f} | {occ['waiting']:.1f} | {occ['neither']:.1f} "
+                         f"| {occ['samples']} ({occ['scope']}) |")
+        lines += ["", f"Occupancy: the server's `{metric_names.REQUESTS_RUNNING}` and `{metric_names.REQUESTS_WAITING}` "
+                  f"gauges sampled every {OCCUPANCY_EVERY_S} s, averaged over the steady window (else the level). "
+                  "Running: audio requests holding a slot (a voice pass is one; a long input's next piece run ahead "
+                  "is a second). Waiting: responses in the engine's queue or in refine-text. Neither: the streams "
+                  "left (the voice encode, hand-offs between pieces, a response's last audio, the client between "
+                  "requests), at least."]
     lines += ["", "| concurrency | part of the first audio | n | p50 (s) | p99 (s) | mean (s) |",
               "|---|---|---|---|---|---|"]
     for row in [report["sequential"], *report["levels"]]:

@@ -81,6 +81,9 @@ def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_pat
     assert level["ttfa_by_class"], level
     parts = {part for part in level["first_audio_parts"]}
     assert {"refine", "after_headers"} <= parts, parts
+    # Where the streams were: sampled from the server's gauges while the level ran.
+    occupied = level["occupancy"]
+    assert occupied["samples"] >= 1 and occupied["running"] + occupied["waiting"] > 0, occupied
     # The graph engine's loop account reaches the report (every 0.25 s of work on CPU; a level runs for seconds).
     loops = [row["engine_loop"] for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     assert loops and all(sum(loop["rows_per_step"].values()) > 0 for loop in loops), loops

@@ -65,3 +65,16 @@ def test_reports_of_a_revision_without_clock_readings_are_merged_over_the_level(
     merged, _ = engine_loop(_logged(tmp_path, old), 0, (0.0, 1e9))
     assert merged["scope"] == "level" and merged["reports"] == 2 and "began_at" not in merged
     assert in_window(old, (0.0, 1e9)) == []
+
+
+def test_occupancy_is_averaged_over_the_steady_window_and_says_what_is_left():
+    from bench.runtime.speech_api import occupancy
+
+    samples = [(1.0, 2.0, 0.0), (2.0, 6.0, 2.0), (3.0, 4.0, 0.0), (9.0, 0.0, 0.0)]
+    steady = occupancy(samples, 10, (1.5, 3.5))
+    assert steady == {"samples": 2, "scope": "steady window", "running": 5.0, "waiting": 1.0, "neither": 4.0}
+    whole = occupancy(samples, 10, None)
+    assert whole["scope"] == "level" and whole["samples"] == 4 and whole["running"] == 3.0
+    # Two pieces of one response running: never fewer than no stream left.
+    assert occupancy([(1.0, 12.0, 0.0)], 10, None)["neither"] == 0.0
+    assert occupancy([], 10, (0.0, 1.0)) is None
