@@ -1,7 +1,8 @@
-"""The benchmark's merge of the graph engine's loop reports (bench.runtime.speech_api.merge_loop_reports)."""
+"""The benchmark's account of a level from the server: the graph engine's loop reports merged over the steady
+window (bench.runtime.speech_api.engine_loop) and where the streams were (occupancy)."""
 import json
 
-from bench.runtime.speech_api import engine_loop, in_window, merge_loop_reports
+from bench.runtime.speech_api import LOOP_MARK, engine_loop, in_window, merge_loop_reports, occupancy
 
 
 def _report(wall, busy, steps, too_wide_per_s, too_wide_rows, rows_per_step, prefills, rows_per_prefill):
@@ -35,8 +36,6 @@ def test_a_mean_over_nothing_is_zero():
 
 
 def _logged(tmp_path, reports):
-    from bench.runtime.speech_api import LOOP_MARK
-
     log = tmp_path / "server.log"
     log.write_text("".join(f"2026-12-07 10:00:00,000 INFO engine {LOOP_MARK}{json.dumps(r)}\n" for r in reports)
                    + "INFO something else\n")
@@ -68,8 +67,6 @@ def test_reports_of_a_revision_without_clock_readings_are_merged_over_the_level(
 
 
 def test_occupancy_is_averaged_over_the_steady_window_and_says_what_is_left():
-    from bench.runtime.speech_api import occupancy
-
     samples = [(1.0, 2.0, 0.0), (2.0, 6.0, 2.0), (3.0, 4.0, 0.0), (9.0, 0.0, 0.0)]
     steady = occupancy(samples, 10, (1.5, 3.5))
     assert steady == {"samples": 2, "scope": "steady window", "running": 5.0, "waiting": 1.0, "neither": 4.0}
