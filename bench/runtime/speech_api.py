@@ -268,8 +268,9 @@ LOOP_MEAN_OVER = {"rows_per_step": "steps_per_s", "idle_rows_per_step": "steps_p
                   "too_wide": "substeps_too_wide_per_s"}
 
 
-def steady_window(row: dict) -> tuple[float, float] | None:
-    """A level's steady window on ``time.monotonic`` (``loadgen.summarize``), None when it has none."""
+def steady_span(row: dict) -> tuple[float, float] | None:
+    """A summarized level's steady window (``loadgen.steady_window``, kept by ``loadgen.summarize``) as
+    ``(start, end)`` on ``time.monotonic``; None when it has none."""
     start, end = row.get("steady_began_at"), row.get("steady_ended_at")
     return (start, end) if start is not None and end is not None and end > start else None
 
@@ -331,7 +332,7 @@ async def run_level(url: str, concurrency: int, requests_per_client: int, texts:
     finally:
         stop.set()
         samples = await sampler
-    row["occupancy"] = occupancy(samples, concurrency, steady_window(row))
+    row["occupancy"] = occupancy(samples, concurrency, steady_span(row))
     after = await scrape(url)
     cpu0, cpu1 = server_cpu
 
@@ -512,13 +513,13 @@ async def main_async(args) -> dict:
         log_offset = log_size(log)  # the loop reports of start-up and warm-up are not the levels'
         sequential = await run_level(url, 1, args.sequential, texts, server_pid=proc.pid, client_procs=1,
                                      client_lib=client_lib)
-        sequential["engine_loop"], log_offset = engine_loop(log, log_offset, steady_window(sequential))
+        sequential["engine_loop"], log_offset = engine_loop(log, log_offset, steady_span(sequential))
         results = []
         for c in levels:
             stagger = args.stagger if c > 1 else 0.0
             row = await run_level(url, c, args.rounds, texts, server_pid=proc.pid, client_procs=args.client_procs,
                                   client_lib=client_lib, stagger_s=stagger)
-            row["engine_loop"], log_offset = engine_loop(log, log_offset, steady_window(row))
+            row["engine_loop"], log_offset = engine_loop(log, log_offset, steady_span(row))
             results.append(row)
             classes = ", ".join(f"{name} p99 {c['ttfa_p99_s']:.3f}" for name, c in row["ttfa_by_class"].items())
             parts = ", ".join(f"{name} p50 {p['p50_s']:.3f}" for name, p in row["first_audio_parts"].items())
