@@ -101,3 +101,14 @@ def test_a_slimmer_decides_what_of_its_kind_is_kept_whichever_way_it_arrives():
         assert "spec" not in kept and "managedFields" not in kept["metadata"]
     assert stored(cache, "ReplicaSet", "listed")["metadata"]["resourceVersion"] == "3"
     assert "spec" in stored(cache, "Pod", "pod")  # other kinds are kept whole (but managedFields)
+
+
+def test_a_relist_reports_what_changed_while_the_watch_was_down_but_the_first_list_does_not():
+    cache, changes = cache_with_changes()
+    relist = cache._list_handler("ConfigMap", None)
+    asyncio.run(relist([obj("steady", 5), obj("progressing", 6)]))
+    assert changes == []  # the first list: every owner is reconciled at start anyway
+    # The watch broke (etcd restarted); meanwhile one child progressed and another appeared.
+    asyncio.run(relist([obj("steady", 5), obj("progressing", 9), obj("new", 8)]))
+    assert sorted(changes) == [("ConfigMap", "ADDED", "new"), ("ConfigMap", "MODIFIED", "progressing")]
+    assert stored(cache, "ConfigMap", "progressing")["metadata"]["resourceVersion"] == "9"

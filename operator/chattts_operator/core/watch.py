@@ -253,6 +253,11 @@ class ChildCache:
             listed = {(item["metadata"].get("namespace") or "", item["metadata"]["name"]): self._kept(kind, {**item, "kind": kind})
                       for item in items}
             objects = self._objects[kind]
+            # A relist (after a broken watch, e.g. an API server or etcd restart) is the only news
+            # of what changed meanwhile: it is reported like the watch events it stands for, or a
+            # child's progress during the outage waits for the next resync. The first list is not:
+            # every owner is reconciled at start anyway.
+            relist = self._synced[(kind, namespace)].is_set()
             # The list is the truth for its scope: what vanished meanwhile is dropped, what our
             # own applies stored since (newer than the list) is kept.
             for key in [k for k in objects if namespace is None or k[0] == namespace]:
@@ -261,8 +266,11 @@ class ChildCache:
                     if self.on_change is not None:
                         self.on_change(kind, "DELETED", gone)
             for key, obj in listed.items():
-                if is_newer(obj, objects.get(key)):
+                before = objects.get(key)
+                if is_newer(obj, before):
                     self._put(kind, key, obj)
+                    if relist and self.on_change is not None:
+                        self.on_change(kind, "ADDED" if before is None else "MODIFIED", obj)
             self._synced[(kind, namespace)].set()
             metrics.CACHED_OBJECTS.set(self.size())
         return handle
