@@ -264,6 +264,7 @@ def in_window(reports: list[dict], window: tuple[float, float]) -> list[dict]:
 # from its rate: a report with no too-wide step says 0 rows for them, which must not pull the merged mean
 # down. Figures not named here are per second of work (or a share of it): weighted by the work's seconds.
 LOOP_MEAN_OVER = {"rows_per_step": "steps_per_s", "idle_rows_per_step": "steps_per_s",
+                  "kv_positions_per_step": "steps_per_s", "length_bucket_per_step": "steps_per_s",
                   "rows_per_prefill": "prefills_per_s", "rows_per_audio_launch": "audio_launches_per_s",
                   "too_wide": "substeps_too_wide_per_s"}
 
@@ -451,14 +452,18 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         wide_labels = " / ".join(TOO_WIDE_LABELS.get(name, name) for name in wide_names) or "-"
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
                   f"refine / idle | substeps too wide/s ({wide_labels}) "
+                  "| KV positions read per step (per row; length bucket) "
                   "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share | over |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in loops:
             loop = row["engine_loop"]
             rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
             wide = " / ".join(f"{v:.1f}" for v in loop.get("too_wide", {}).values()) or "-"
+            stepped_rows = sum(loop["rows_per_step"].values())
+            kv = (f"{loop['kv_positions_per_step']:,.0f} ({loop['kv_positions_per_step'] / max(stepped_rows, 1e-9):.0f}; "
+                  f"{loop['length_bucket_per_step']:.0f})" if "kv_positions_per_step" in loop else "-")
             lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} ({loop.get('substeps_per_s', 0):.1f}) "
-                         f"| {rows} | {loop.get('substeps_too_wide_per_s', 0):.1f} ({wide}) "
+                         f"| {rows} | {loop.get('substeps_too_wide_per_s', 0):.1f} ({wide}) | {kv} "
                          f"| {loop['prefills_per_s']:.1f} "
                          f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
                          f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} "
@@ -470,7 +475,9 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
                   "of work (of them, first-audio substeps over the refine rows and voice passes), each "
                   "step's rows by stage and the free rows of its batch bucket, the full steps whose pace allowed "
                   "substeps that did not run because a substep over the first-audio rows would have been over half "
-                  "the step's bucket (what those rows were, as means over such steps), prefills and audio-window launches, "
+                  "the step's bucket (what those rows were, as means over such steps), the cached positions a step's "
+                  "attention read over all its rows (each row's context; what it costs in memory traffic grows with it) "
+                  "and its KV length bucket, prefills and audio-window launches, "
                   "and the share of the worker's time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "

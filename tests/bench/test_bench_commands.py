@@ -88,6 +88,10 @@ def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_pat
     loops = [row["engine_loop"] for row in [report["sequential"], *report["levels"]] if row.get("engine_loop")]
     assert loops and all(sum(loop["rows_per_step"].values()) > 0 for loop in loops), loops
     assert all("substeps_per_s" in loop for loop in loops), loops
+    # Each row attends over at least its prompt: more positions read than rows stepped, within the bucket.
+    assert all(sum(loop["rows_per_step"].values()) < loop["kv_positions_per_step"]
+               <= (sum(loop["rows_per_step"].values()) + loop["idle_rows_per_step"]) * loop["length_bucket_per_step"]
+               for loop in loops), loops
     assert all(loop["scope"] in ("steady window", "level") and loop["began_at"] <= loop["ended_at"]
                for loop in loops), loops
     assert "| concurrency | decode steps/s (first-audio substeps) |" in (

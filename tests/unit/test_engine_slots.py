@@ -208,10 +208,10 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     stats = LoopStats(clock=lambda: now[0])
     rows = dict.fromkeys(STAGE_NAMES, 0)
     rows.update(first=3, voice=2, refine=1)
-    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 6 of a bucket of 8
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=600, length=128)  # 6 of a bucket of 8
     rows.update(first=0, next=4)
-    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]))  # 7 of 8
-    stats.step(2, np.array([0, 2, 0, 0]), substep=True)  # a first-audio substep over two voice passes
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=1400, length=256)  # 7 of 8
+    stats.step(2, np.array([0, 2, 0, 0]), substep=True, kv_positions=100, length=64)  # a substep over two voice passes
     stats.substep_too_wide(40, 64, 64)  # 40 first-audio rows would take a 64-row substep after a 64-row step
     stats.prefill(3)
     stats.prefill(1)
@@ -226,6 +226,7 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     assert report["too_wide"] == {"urgent_rows": 40.0, "substep_batch": 64.0, "full_batch": 64.0}
     assert report["rows_per_step"] == {"first": 1.0, "voice": 2.0, "next": 1.3, "refine": 0.7}
     assert report["idle_rows_per_step"] == 1.0
+    assert (report["kv_positions_per_step"], report["length_bucket_per_step"]) == (700.0, 149.3)
     assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
     assert (report["audio_launches_per_s"], report["rows_per_audio_launch"]) == (0.5, 5.0)
     assert report["gpu_wait_share"] == 0.25

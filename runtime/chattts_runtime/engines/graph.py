@@ -798,11 +798,13 @@ class GraphEngine(Engine):
         self.steps += 1
         self.substeps += gathered
         self.observer.on_step(len(slots))
+        # Each row attends over its cache up to and with its new position (read before it moves on).
+        kv_positions = int(self._slots.position[slots].sum()) + len(slots)
         self._slots.stepped(slots)
         audio, text = plan.audio, plan.text
         stage_rows = np.bincount(self._stage_of[audio], minlength=len(STAGE_NAMES))
         stage_rows[_STAGE_INDEX["refine"]] = len(text)
-        self._stats.step(batch, stage_rows, substep=gathered)
+        self._stats.step(batch, stage_rows, substep=gathered, kv_positions=kv_positions, length=length)
         want_hidden = bool(self._frames.want_hidden[audio].any())
         # Read back by slot (the step wrote each row's output into its slot's buffers): up to the highest slot.
         top = int(slots[-1]) + 1

@@ -416,9 +416,12 @@ TOO_WIDE_NAMES = ("urgent_rows", "substep_batch", "full_batch")
 class LoopStats:
     """Where the worker's rows and time went since the last report: decode steps and their rows by
     stage (``STAGE_NAMES``), prefills and their rows, audio-window launches and their rows, and the
-    seconds the worker waited on the GPU (reading a step's codes). Rates are per second of work: the
-    worker's time asleep with nothing to do is left out. Rows stepped for nobody (free slots inside a
-    step's batch bucket) are the bucket less the rows."""
+    seconds the worker waited on the GPU (reading a step's codes), and the KV positions each step's
+    attention read (its rows' contexts, summed) against its length bucket: at hundreds of rows with long
+    prompts (a voice sample in every piece's) the step reads gigabytes of cache, and that, not the
+    rows, sets its cost. Rates are per second of work: the worker's time asleep with nothing to do is
+    left out. Rows stepped for nobody (free slots inside a step's batch bucket) are the bucket less the
+    rows."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
@@ -433,18 +436,23 @@ class LoopStats:
         self.too_wide = np.zeros(len(TOO_WIDE_NAMES), np.int64)
         self.bucket_rows = 0
         self.rows = np.zeros(len(STAGE_NAMES), np.int64)
+        self.kv_positions = self.length_buckets = 0
         self.prefills = self.prefill_rows = 0
         self.audio_launches = self.audio_rows = 0
         self.gpu_wait = 0.0
         self.idle = 0.0
 
-    def step(self, batch: int, stage_rows: np.ndarray, substep: bool = False) -> None:
+    def step(self, batch: int, stage_rows: np.ndarray, substep: bool = False, kv_positions: int = 0,
+             length: int = 0) -> None:
         """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``
-        (``substep``: a first-audio substep, counted among the steps and on its own)."""
+        (``substep``: a first-audio substep, counted among the steps and on its own) whose attention read
+        ``kv_positions`` cached positions over all its rows, at a length bucket of ``length``."""
         self.steps += 1
         self.substeps += substep
         self.bucket_rows += batch
         self.rows += stage_rows
+        self.kv_positions += kv_positions
+        self.length_buckets += length
 
     def substep_too_wide(self, urgent_rows: int, substep_batch: int, full_batch: int) -> None:
         """Substeps were due after a full step, but a substep over the ``urgent_rows`` first-audio rows would
@@ -483,6 +491,8 @@ class LoopStats:
                             for name, n in zip(TOO_WIDE_NAMES, self.too_wide)},
                "rows_per_step": {name: round(float(n) / steps, 1) for name, n in zip(STAGE_NAMES, self.rows)},
                "idle_rows_per_step": round((self.bucket_rows - float(self.rows.sum())) / steps, 1),
+               "kv_positions_per_step": round(self.kv_positions / steps, 1),
+               "length_bucket_per_step": round(self.length_buckets / steps, 1),
                "prefills_per_s": round(self.prefills / wall, 1),
                "rows_per_prefill": round(self.prefill_rows / max(self.prefills, 1), 1),
                "audio_launches_per_s": round(self.audio_launches / wall, 1),
