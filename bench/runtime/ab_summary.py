@@ -16,7 +16,7 @@ from pathlib import Path
 # h200.sh's step -> the tag suffix its bench.runtime report carries.
 STEP_TAGS = {"graph": "graph", "faithful": "faithful", "faithful_norefine": "faithful-refine-off",
              "faithful_ownvoice": "faithful-own-voice", "faithful_stream": "faithful-stream",
-             "fixed128": "fixed128", "reference": "reference"}
+             "fixed128": "fixed128", "fixed128_decoder": "fixed128-decoder", "reference": "reference"}
 
 
 def find_pair(results: Path, step: str, rev: str) -> tuple[Path, Path]:

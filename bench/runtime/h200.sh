@@ -27,6 +27,8 @@
 #                chunks), so the reader can see the client was not the limit;     skipped with --no-loadgen
 #   faithful_stream    faithful with --voice-from-first-piece stream (the voice pass streamed as the first piece)
 #   fixed128     the fixed-length row: 128 frames, refine-text off, DVAE path, 256 streams (the A/B row)
+#   fixed128_decoder  the same on the Decoder path: beside fixed128, the Decoder's cost at 256 streams; beside
+#                faithful, what the default pipeline's long prompts (the voice sample in every piece) cost
 #
 # --ab REV=STEP[,STEP]   after each named step, the same step served by revision REV's runtime (its tree in
 #                .ab/REV/runtime, made here by bench/runtime/ab_prepare.sh REV and carried), the order of the
@@ -89,8 +91,8 @@ if [ -z "$STEPS" ]; then
   [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
-KNOWN_STEPS="anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 upstream memprobe dtype reference loadgen"
-AB_ABLE="graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 reference"  # bench.runtime steps
+KNOWN_STEPS="anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 fixed128_decoder upstream memprobe dtype reference loadgen"
+AB_ABLE="graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 fixed128_decoder reference"  # bench.runtime steps
 for step in $STEPS "${!AB[@]}"; do
   case " $KNOWN_STEPS " in *" $step "*) ;;
     *) echo "h200.sh: unknown step '$step' ($KNOWN_STEPS)" >&2; exit 2 ;;
@@ -172,7 +174,7 @@ esac
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
 declare -A CAP=([anchor]=120 [graph_check]=220 [gathered]=90 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
-                [faithful_stream]=210 [fixed128]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
+                [faithful_stream]=210 [fixed128]=150 [fixed128_decoder]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 if [ "$smoke" = 1 ]; then  # a shared 2-core CI machine, not an H200
   for step in "${!CAP[@]}"; do CAP[$step]=$((CAP[$step] * 3)); done
 fi
@@ -181,6 +183,7 @@ declare -A STATUS
 summary=()
 
 FAITHFUL="python3 -m bench.runtime --device $DEVICE --size $SIZE --mixed --frames 2048 --refine on --audio-decoder decoder --concurrency $LEVELS --sequential $SEQUENTIAL --rounds $ROUNDS --engine graph --max-model-len $MIXED_LEN"
+FIXED="python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $FIXED_LEVELS --sequential $SEQUENTIAL --rounds $FIXED_ROUNDS --engine graph --max-model-len 1024 --refine off"
 step_command() {
   if [ "$smoke" = 1 ]; then  # what cannot run without CUDA or its wheels: parse it
     case "$1" in
@@ -201,7 +204,8 @@ step_command() {
     faithful_norefine) echo "${FAITHFUL/--refine on/--refine off} --tag $GPU_TAG-$DATE-faithful-refine-off" ;;
     faithful_ownvoice) echo "$FAITHFUL --voice-from-first-piece off --tag $GPU_TAG-$DATE-faithful-own-voice" ;;
     faithful_stream) echo "$FAITHFUL --voice-from-first-piece stream --tag $GPU_TAG-$DATE-faithful-stream" ;;
-    fixed128) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames $FIXED_FRAMES --concurrency $FIXED_LEVELS --sequential $SEQUENTIAL --rounds $FIXED_ROUNDS --engine graph --max-model-len 1024 --refine off --audio-decoder dvae --tag $GPU_TAG-$DATE-fixed128" ;;
+    fixed128) echo "$FIXED --audio-decoder dvae --tag $GPU_TAG-$DATE-fixed128" ;;
+    fixed128_decoder) echo "$FIXED --audio-decoder decoder --tag $GPU_TAG-$DATE-fixed128-decoder" ;;
     upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-$GPU_TAG-$DATE.jsonl" ;;
     memprobe) echo "python3 -m bench.runtime.memory_probe --device $DEVICE --size $SIZE --out $STAGE/results" ;;
     dtype) echo "python3 -m bench.runtime.dtype_agreement --device $DEVICE --size $SIZE --out $STAGE/results" ;;

@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream "
-         "fixed128 upstream memprobe dtype reference loadgen")
+         "fixed128 fixed128_decoder upstream memprobe dtype reference loadgen")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -69,6 +69,18 @@ def test_the_gpu_script_refuses_a_typo_before_it_runs_anything(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert "h200.sh:" in proc.stderr
+
+
+def test_every_step_an_ab_arm_may_name_has_a_tag_the_ab_summary_reads():
+    """--ab and --vs accept the steps of AB_ABLE; the summary after them must find each one's report files,
+    or an A/B of a new step measures on the GPU and then says nothing."""
+    from bench.runtime.ab_summary import STEP_TAGS
+
+    script = (REPO / "bench" / "runtime" / "h200.sh").read_text()
+    ab_able = re.search(r'^AB_ABLE="([^"]+)"', script, re.M).group(1).split()
+    assert sorted(ab_able) == sorted(STEP_TAGS)
+    for step, tag in STEP_TAGS.items():  # the tag each step's command gives its report
+        assert re.search(rf"^\s+{step}\) echo .*--tag \$GPU_TAG-\$DATE-{re.escape(tag)}\"", script, re.M), step
 
 
 def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_path):
