@@ -119,6 +119,10 @@ class EngineSettings(_Strict):
         None, ge=0.0, le=1000.0, description="Graph engine: while others decode, newcomers are gathered for up "
         "to this long and prefilled together (each prefill is one more launch on every stream's critical "
         "path); an idle engine admits at once. null: 20 on CUDA, 0 on CPU.")
+    refine_rows: int = Field(
+        64, ge=1, le=512, description="Graph engine: the most refine-text jobs stepped at once (each holds a "
+        "slot; at most max_num_seqs). A long input refines all its pieces at once, so a burst of them may "
+        "wait for this room; more rows capture more step graphs (one text-head width per power of two).")
     audio_batch_rows: int = Field(
         16, ge=1, le=64, description="Graph engine: an audio window of a stream whose listener has 0.3 s or "
         "more of audio buffered ahead (not its first or last window) may wait up to audio_hold_ms for others "

@@ -207,14 +207,16 @@ def test_the_runtime_config_sets_the_window_batching_and_the_admission_gathering
 
     config = RuntimeConfig.model_validate({"engine_kind": "graph", "engine": {
         "process": "same", "audio_batch_rows": 8, "audio_hold_ms": 45, "admit_interval_ms": 50,
-        "decode_priority": "normal"}})
+        "decode_priority": "normal", "refine_rows": 16}})
     engine = create_engine(config, tiny_model, Recorder())
     assert (engine._hold.rows, engine._hold.hold, engine.admit_interval) == (8, 0.045, 0.05)
     assert engine.describe()["decode_priority"] == "normal"
+    assert engine.describe()["refine_rows"] == 16 and engine.text_widths == [8, 16]
     engine = create_engine(RuntimeConfig.model_validate({"engine_kind": "graph", "engine": {"process": "same"}}),
                            tiny_model, Recorder())
     assert (engine._hold.rows, engine._hold.hold, engine.admit_interval) == (16, 0.03, 0.0)  # the defaults, on CPU
+    assert engine.refine_rows == 64
     for bad in ({"audio_batch_rows": 0}, {"audio_batch_rows": 65}, {"audio_hold_ms": -1}, {"admit_interval_ms": -5},
-                {"decode_priority": "fast"}):
+                {"decode_priority": "fast"}, {"refine_rows": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             RuntimeConfig.model_validate({"engine": bad})

@@ -20,6 +20,7 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
                           decode_attention=config.engine.decode_attention,
                           decode_kernels=config.engine.decode_kernels,
+                          refine_rows=config.engine.refine_rows,
                           first_audio_substeps=config.engine.first_audio_substeps,
                           playing_realtime=config.engine.playing_realtime,
                           audio_batch_rows=config.engine.audio_batch_rows,
