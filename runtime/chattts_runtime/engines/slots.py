@@ -416,12 +416,13 @@ TOO_WIDE_NAMES = ("urgent_rows", "substep_batch", "full_batch")
 class LoopStats:
     """Where the worker's rows and time went since the last report: decode steps and their rows by
     stage (``STAGE_NAMES``), prefills and their rows, audio-window launches and their rows, and the
-    seconds the worker waited on the GPU (reading a step's codes), and the KV positions each step's
-    attention read (its rows' contexts, summed) against its length bucket: at hundreds of rows with long
-    prompts (a voice sample in every piece's) the step reads gigabytes of cache, and that, not the
-    rows, sets its cost. Rates are per second of work: the worker's time asleep with nothing to do is
-    left out. Rows stepped for nobody (free slots inside a step's batch bucket) are the bucket less the
-    rows."""
+    seconds the worker waited on the GPU (reading a step's codes), and the KV positions of each step's
+    rows (their contexts, summed) beside its length bucket: at hundreds of rows with long prompts (a
+    voice sample in every piece's) a step reads gigabytes of cache, which may cost it more than its rows
+    do. The ragged attention reads those positions; the padded one (below ``attention.MIN_RAGGED_BATCH`` rows)
+    reads the whole bucket, batch x length. Rates are per second of work: the worker's time asleep with
+    nothing to do is left out. Rows stepped for nobody (free slots inside a step's batch bucket) are the
+    bucket less the rows."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
