@@ -207,14 +207,19 @@ def occupancy(samples: list[tuple[float, float, float]], streams: int,
     engine's queue, or in refine-text), and the streams with neither (the voice encode, hand-offs between
     pieces, a response's last audio, the client between requests; a lower bound, as a response may run
     two pieces). Over the samples inside ``window`` (the steady window), else over all; None without any."""
-    inside = [s for s in samples if window and window[0] <= s[0] <= window[1]]
-    chosen = inside or samples
+    chosen, scope = steady_or_level(samples, [s for s in samples if window and window[0] <= s[0] <= window[1]])
     if not chosen:
         return None
     running = sum(s[1] for s in chosen) / len(chosen)
     waiting = sum(s[2] for s in chosen) / len(chosen)
-    return {"samples": len(chosen), "scope": "steady window" if inside else "level", "running": round(running, 1),
+    return {"samples": len(chosen), "scope": scope, "running": round(running, 1),
             "waiting": round(waiting, 1), "neither": round(max(0.0, streams - running - waiting), 1)}
+
+
+def steady_or_level(items: list, steady: list) -> tuple[list, str]:
+    """A level's account is taken over the ``steady`` ones of its ``items`` (those of its steady window) when
+    there are any, else over all of them, ramps included: the items taken, and which of the two it was."""
+    return (steady, "steady window") if steady else (items, "level")
 
 
 LOOP_MARK = "engine loop: "  # the graph engine's periodic account (engines.slots.LoopStats), one JSON per line
@@ -247,9 +252,9 @@ def engine_loop(log: Path, offset: int, window: tuple[float, float] | None = Non
                 continue
     if not reports:
         return None, offset + len(text)
-    steady = in_window(reports, window) if window else []
-    merged = merge_loop_reports(steady or reports)
-    merged["scope"] = "steady window" if steady else "level"
+    chosen, scope = steady_or_level(reports, in_window(reports, window) if window else [])
+    merged = merge_loop_reports(chosen)
+    merged["scope"] = scope
     return merged, offset + len(text)
 
 
@@ -452,7 +457,7 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         wide_labels = " / ".join(TOO_WIDE_LABELS.get(name, name) for name in wide_names) or "-"
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
                   f"refine / idle | substeps too wide/s ({wide_labels}) "
-                  "| KV positions read per step (per row; length bucket) "
+                  "| KV positions of its rows per step (per row; length bucket) "
                   "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share | over |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for row in loops:
@@ -475,9 +480,10 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
                   "of work (of them, first-audio substeps over the refine rows and voice passes), each "
                   "step's rows by stage and the free rows of its batch bucket, the full steps whose pace allowed "
                   "substeps that did not run because a substep over the first-audio rows would have been over half "
-                  "the step's bucket (what those rows were, as means over such steps), the cached positions a step's "
-                  "attention read over all its rows (each row's context; what it costs in memory traffic grows with it) "
-                  "and its KV length bucket, prefills and audio-window launches, "
+                  "the step's bucket (what those rows were, as means over such steps), the cached positions of a step's "
+                  "rows (their contexts, summed: what the ragged attention reads; the padded one, below 128 rows "
+                  "on CUDA and always on the CPU, reads rows x bucket) and its KV length bucket, prefills and "
+                  "audio-window launches, "
                   "and the share of the worker's time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "
