@@ -446,8 +446,8 @@ class LoopStats:
     def step(self, batch: int, stage_rows: np.ndarray, substep: bool = False, kv_positions: int = 0,
              length: int = 0) -> None:
         """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``
-        (``substep``: a first-audio substep, counted among the steps and on its own) whose attention read
-        ``kv_positions`` cached positions over all its rows, at a length bucket of ``length``."""
+        (``substep``: a first-audio substep, counted among the steps and on its own) whose rows' contexts sum
+        to ``kv_positions`` cached positions, at a length bucket of ``length``."""
         self.steps += 1
         self.substeps += substep
         self.bucket_rows += batch
