@@ -649,10 +649,9 @@ class SpeechService:
         has ``want_audio``, else they are decoded here, batched across streams.
         """
         req = synthesis.request
-        windows = StreamWindows(self.config.generation.stream_chunk_frames)
+        windows = StreamWindows.of(self.config.generation)
         decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
         produced = 0
-        windows_decoded = 0
         status = "aborted"
         self.in_flight += 1
         try:
@@ -672,15 +671,13 @@ class SpeechService:
                     # piece's end flushes its frames, and the next piece starts a schedule of its own.
                     ends = chunk.finished or chunk.piece_end
                     while True:
-                        due = windows.first_frames if not windows_decoded else windows.chunk_frames
+                        due = windows.chunk_after(decoder.decoded_frames)
                         if decoder.pending_frames < due and not (ends and decoder.pending_frames):
                             break
                         frames, start, n = decoder.next_window(due if decoder.pending_frames >= due else None)
                         out.append(decoder.accept(await self._batched.decode(frames), start, n))
-                        windows_decoded += 1
                     if chunk.piece_end:
                         decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
-                        windows_decoded = 0
                 for samples in out:
                     if samples is not None and len(samples):
                         if produced == 0:

@@ -79,24 +79,24 @@ def _api_decode(model, frames: np.ndarray, windows: StreamWindows) -> list[np.nd
     path), chunk by chunk on the same schedule."""
     decode = model.hidden_to_audio if np.issubdtype(frames.dtype, np.floating) else model.codes_to_audio
     decoder = StreamingDecoder(model.sizes.samples_per_frame, windows=windows)
-    out, produced = [], 0
+    out = []
     for i, frame in enumerate(frames):
         decoder.push(frame[None])
         last = i == len(frames) - 1
-        due = windows.first_frames if produced == 0 else windows.chunk_frames
-        if decoder.pending_frames >= due or (last and decoder.pending_frames):
-            samples = decoder.take(lambda f: decode(torch.from_numpy(f)[None]).numpy()[0])
-            produced += len(samples)
-            out.append(samples)
+        if decoder.pending_frames >= windows.chunk_after(decoder.decoded_frames) or (last and decoder.pending_frames):
+            out.append(decoder.take(lambda f: decode(torch.from_numpy(f)[None]).numpy()[0]))
     return out
 
 
 @pytest.mark.parametrize("path", ["dvae", "decoder"])
 @pytest.mark.parametrize("pad_shapes", [False, True])
-def test_engine_audio_equals_the_reference_engine_through_the_api_decoder(tiny_model, pad_shapes, path):
+@pytest.mark.parametrize("max_chunk", [None, 24])
+def test_engine_audio_equals_the_reference_engine_through_the_api_decoder(tiny_model, pad_shapes, path, max_chunk):
     """Both audio paths decoded in the engine's loop give what the speech API makes of the reference
-    engine's frames (codes for the DVAE, hidden states for the Decoder), window for window."""
-    windows = StreamWindows(chunk_frames=6, context_frames=4)  # small windows: many per stream
+    engine's frames (codes for the DVAE, hidden states for the Decoder), window for window; with chunks of
+    6 frames throughout, or growing to 12 and 24 (windows of 16 and 28 frames, and final ones of any)."""
+    # small windows: many per stream
+    windows = StreamWindows(chunk_frames=6, context_frames=4, max_chunk_frames=max_chunk)
     # (no repetition penalty: with it greedy streams of this checkpoint end at fewer distinct lengths)
     params = SamplingParams(temperature=0, repetition_penalty=1.0, max_new_frames=37)
     texts = TEXTS + ["ends early"]

@@ -16,7 +16,7 @@ def create_engine(config: RuntimeConfig, model, observer, on_failure=None):
         if kind == EngineKind.GRAPH:
             # Streams get audio decoded in the engine on the speech API's window schedule; other
             # requests get frames as often as the speech API would decode them (a third of a window).
-            windows = StreamWindows(config.generation.stream_chunk_frames)
+            windows = StreamWindows.of(config.generation)
             kwargs.update(emit_frames=windows.first_frames, windows=windows,
                           decode_attention=config.engine.decode_attention,
                           decode_kernels=config.engine.decode_kernels,
