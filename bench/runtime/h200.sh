@@ -29,6 +29,8 @@
 #   fixed128     the fixed-length row: 128 frames, refine-text off, DVAE path, 256 streams (the A/B row)
 #   fixed128_decoder  the same on the Decoder path: beside fixed128, the Decoder's cost at 256 streams; beside
 #                faithful, what the default pipeline's long prompts (the voice sample in every piece) cost
+#   windows      python3 -m bench.runtime.window_schedule: the audio decoders' time per second of audio and the
+#                distance from the whole piece, per window schedule (chunks of 24 frames, or growing to 48/96/192)
 #
 # --ab REV=STEP[,STEP]   after each named step, the same step served by revision REV's runtime (its tree in
 #                .ab/REV/runtime, made here by bench/runtime/ab_prepare.sh REV and carried), the order of the
@@ -36,6 +38,7 @@
 #                may have several B arms.
 # --vs KEY=VALUE@STEP[,STEP]   a B arm of this tree with one more engine setting (--engine-setting KEY=VALUE),
 #                e.g. --vs audio_batch_rows=1@faithful: what that setting changes, in the same lease. Repeatable.
+#                SECTION.KEY=VALUE sets another section of the runtime config: generation.stream_max_chunk_frames=96.
 # --gpu-profile STEP[,STEP]   in that step (its A arm) the graph engine's process records short torch.profiler
 #                windows of the GPU's work (bench/runtime/gpu_profile.py; GPU_PROFILE_DELAY_S, _EVERY_S, _WINDOW_S,
 #                _KEEP_EVERY), summarized after the step: busy share, per stream, kernels by family; in
@@ -80,7 +83,7 @@ while [ $# -gt 0 ]; do
     --no-loadgen) with_loadgen=0 ;;
     --steps) STEPS="$2"; shift ;;
     --budget) BUDGET_S="$2"; shift ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
     *) echo "h200.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -91,7 +94,7 @@ if [ -z "$STEPS" ]; then
   [ "$with_reference" = 1 ] && STEPS="$STEPS reference"
   [ "$with_loadgen" = 1 ] && STEPS="$STEPS loadgen"
 fi
-KNOWN_STEPS="anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 fixed128_decoder upstream memprobe dtype reference loadgen"
+KNOWN_STEPS="anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 fixed128_decoder windows upstream memprobe dtype reference loadgen"
 AB_ABLE="graph faithful faithful_norefine faithful_ownvoice faithful_stream fixed128 fixed128_decoder reference"  # bench.runtime steps
 for step in $STEPS "${!AB[@]}"; do
   case " $KNOWN_STEPS " in *" $step "*) ;;
@@ -174,7 +177,7 @@ esac
 
 # Nominal caps (s); a step also never runs past the budget, less a reserve for packing the results.
 declare -A CAP=([anchor]=120 [graph_check]=220 [gathered]=90 [engine_load]=120 [graph]=200 [faithful]=210 [faithful_norefine]=180 [faithful_ownvoice]=210
-                [faithful_stream]=210 [fixed128]=150 [fixed128_decoder]=150 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
+                [faithful_stream]=210 [fixed128]=150 [fixed128_decoder]=150 [windows]=120 [upstream]=180 [memprobe]=300 [dtype]=150 [reference]=200 [loadgen]=90)
 if [ "$smoke" = 1 ]; then  # a shared 2-core CI machine, not an H200
   for step in "${!CAP[@]}"; do CAP[$step]=$((CAP[$step] * 3)); done
 fi
@@ -209,6 +212,8 @@ step_command() {
     upstream) echo "bash bench/runtime/upstream_peer.sh $STAGE/results/upstream-chattts-$GPU_TAG-$DATE.jsonl" ;;
     memprobe) echo "python3 -m bench.runtime.memory_probe --device $DEVICE --size $SIZE --out $STAGE/results" ;;
     dtype) echo "python3 -m bench.runtime.dtype_agreement --device $DEVICE --size $SIZE --out $STAGE/results" ;;
+    windows) if [ "$smoke" = 1 ]; then echo "python3 -m bench.runtime.window_schedule --device cpu --size tiny --streams 2 --repeats 1 --out $STAGE/results"
+             else echo "python3 -m bench.runtime.window_schedule --device cuda --size full --out $STAGE/results --tag $GPU_TAG-$DATE"; fi ;;
     reference) echo "python3 -m bench.runtime --device $DEVICE --size $SIZE --frames 128 --concurrency ${LEVELS} --sequential $SEQUENTIAL --rounds $ROUNDS --engine reference --max-model-len 1024 --tag $GPU_TAG-$DATE-reference" ;;
   esac
 }

@@ -143,8 +143,7 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
         engine_settings["loop_report_seconds"] = 2.0 if device == "cuda" else 0.25
     if engine == "vllm":  # its own knobs (``vllm``: enforce_eager, enable_prefix_caching, kv_cache_dtype, ...)
         engine_settings.update({"dtype": "bfloat16" if device == "cuda" else "float32", **(vllm or {})})
-    engine_settings.update(engine_overrides or {})  # --engine-setting: checked by the runtime's config model
-    return {
+    settings = {
         "model": {"path": str(checkpoint)}, "engine_kind": engine, "device": device,
         "engine": engine_settings,
         "server": {"max_queue": 4096},
@@ -152,6 +151,11 @@ def server_settings(checkpoint: Path, device: str, frames: int, max_seqs: int, c
         "generation": {"temperature": 0.3, "seed": 0, "max_new_frames": frames, "stream_chunk_frames": chunk,
                        "refine_text": refine, "audio_decoder": audio_decoder},
     }
+    # --engine-setting, checked by the runtime's config model: KEY is engine.KEY, SECTION.KEY that section's.
+    for key, value in (engine_overrides or {}).items():
+        section, _, field = key.rpartition(".")
+        settings.setdefault(section or "engine", {})[field] = value
+    return settings
 
 
 def start_server(checkpoint: Path, device: str, frames: int, max_seqs: int, chunk: int, log: Path,
@@ -631,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="HTTP client of the load generator (auto: aiohttp if installed, else httpx)")
     p.add_argument("--tag", default=None, help="file name tag (default: <device>-<date>)")
     p.add_argument("--engine-setting", action="append", default=[], type=engine_setting, metavar="KEY=VALUE",
-                   help="one more engine.KEY of the server's config (a YAML value), e.g. first_audio_substeps=0; "
+                   help="one more engine.KEY of the server's config (a YAML value), e.g. first_audio_substeps=0, "
+                        "or SECTION.KEY of another section, e.g. generation.stream_max_chunk_frames=96; "
                         "repeatable: an A/B of one setting within one tree")
     args = p.parse_args(argv)
     if args.client_procs is not None and args.client_procs < 1:

@@ -19,10 +19,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("anchor graph_check gathered engine_load graph faithful faithful_norefine faithful_ownvoice faithful_stream "
-         "fixed128 fixed128_decoder upstream memprobe dtype reference loadgen")
+         "fixed128 fixed128_decoder windows upstream memprobe dtype reference loadgen")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -87,8 +88,13 @@ def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_pat
     _run([sys.executable, "-m", "bench.runtime", "--device", "cpu", "--size", "tiny", "--mixed", "--frames", "64",
           "--refine", "on", "--audio-decoder", "decoder", "--concurrency", "2", "--sequential", "1", "--rounds", "1",
           "--engine", "graph", "--max-model-len", "1024", "--tag", "cpu-parts",
-          "--engine-setting", "first_audio_substeps=2", "--engine-setting", "playing_realtime=1.5"], tmp_path, timeout=900)
+          "--engine-setting", "first_audio_substeps=2", "--engine-setting", "playing_realtime=1.5",
+          "--engine-setting", "generation.stream_max_chunk_frames=48"], tmp_path, timeout=900)
     report = json.loads((tmp_path / "results" / "runtime-cpu-parts.json").read_text())
+    # A dotted setting lands in its own section of the server's config; the others in engine.
+    configs = [yaml.safe_load(p.read_text()) for p in (tmp_path / "results" / "tmp").glob("bench-server-*.yaml")]
+    assert configs and all(c["generation"]["stream_max_chunk_frames"] == 48 and c["engine"]["first_audio_substeps"] == 2
+                           for c in configs), configs
     level = report["levels"][-1]
     assert level["ttfa_by_class"], level
     parts = {part for part in level["first_audio_parts"]}
@@ -108,7 +114,8 @@ def test_bench_runtime_reports_ttfa_per_class_and_the_first_audios_parts(tmp_pat
                for loop in loops), loops
     assert "| concurrency | decode steps/s (first-audio substeps) |" in (
         tmp_path / "results" / "runtime-cpu-parts.md").read_text()
-    assert report["params"]["engine_settings"] == {"first_audio_substeps": 2, "playing_realtime": 1.5}
+    assert report["params"]["engine_settings"] == {"first_audio_substeps": 2, "playing_realtime": 1.5,
+                                                   "generation.stream_max_chunk_frames": 48}
 
 
 def test_an_engine_setting_the_runtime_refuses_stops_the_benchmark_before_it_serves(tmp_path):
@@ -131,6 +138,8 @@ CPU_COMMANDS = {
     "api_cpu": ["bench.runtime.api_cpu", "--requests", "8", "--concurrency", "2", "--out", "{tmp}/api-cpu.json"],
     "engine_load": ["bench.runtime.engine_load", "--engine", "reference", "--size", "tiny", "--frames", "8",
                     "--rounds", "1", "--concurrency", "2", "--out", "{tmp}/engine-load.json"],
+    "window_schedule": ["bench.runtime.window_schedule", "--size", "tiny", "--streams", "2", "--repeats", "1",
+                        "--lengths", "40,70", "--out", "{tmp}", "--tag", "smoke"],
     # CUDA-only: their command lines parse here; they run in h200.sh on the GPU.
     "graph_check": ["bench.runtime.graph_check", "--help"],
     "decode_check": ["bench.runtime.decode_check", "--help"],
@@ -143,3 +152,19 @@ CPU_COMMANDS = {
 def test_bench_command_runs_at_its_tiniest(name, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in CPU_COMMANDS[name]]
     _run([sys.executable, "-m", *args], tmp_path, timeout=900)
+
+
+def test_window_schedules_decode_less_as_chunks_grow_and_stay_near_the_whole_piece(tmp_path):
+    _run([sys.executable, "-m", "bench.runtime.window_schedule", "--size", "tiny", "--streams", "2", "--repeats", "1",
+          "--lengths", "60,200", "--max-chunks", "48,96", "--out", str(tmp_path), "--tag", "t"], tmp_path, timeout=900)
+    rows = json.loads((tmp_path / "window-schedule-t.json").read_text())["rows"]
+    for path in ("decoder", "dvae"):
+        by_top = {r["max_chunk_frames"]: r for r in rows if r["path"] == path}
+        assert sorted(by_top) == [24, 48, 96] and by_top[24]["vs_base"] == 1.0
+        decoded = [by_top[top]["decoded_per_frame"] for top in (24, 48, 96)]
+        windows = [by_top[top]["windows_per_piece"] for top in (24, 48, 96)]
+        assert decoded == sorted(decoded, reverse=True) and decoded[2] < decoded[0]
+        assert windows == sorted(windows, reverse=True) and windows[2] < windows[0]
+        # fewer right edges decoded without their future: no farther from the whole piece than 24-frame chunks
+        assert by_top[96]["snr_db_median"] >= by_top[24]["snr_db_median"] - 0.5
+    assert "| decoder | 96 | [24, 48, 96] |" in (tmp_path / "window-schedule-t.md").read_text()
