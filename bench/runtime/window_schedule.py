@@ -6,16 +6,18 @@ whole piece decoded at once.
 
 A streamed piece is decoded window by window (``audio_io.StreamWindows``): each window re-decodes at
 least 40 frames of left context, so with 24-frame chunks a long piece decodes each frame ~2.7 times.
-``generation.stream_max_chunk_frames`` lets later chunks grow (doubling up to it). Per audio path and
-schedule this measures, on the mixed benchmark's piece lengths (``speech_api.MIXED_SENTENCES``):
+``generation.stream_max_chunk_frames`` lets later chunks grow (doubling up to it), and
+``generation.stream_lookahead_frames`` sends each window's audio that many frames before its end (the
+decoders look ahead: audio decoded without the frames after it is not the whole piece's). Per audio path
+and schedule this measures, on the mixed benchmark's piece lengths (``speech_api.MIXED_SENTENCES``):
 
 - windows per piece and frames decoded per frame of audio (exact, from the schedule);
 - the decoders' time per second of audio: ``--streams`` pieces decoded together, one batched call per
   window (as the engines batch windows of one shape), eager (the graph engine replays captured graphs,
   so its launches cost less than here), the host copy included; schedules alternate, median of
   ``--repeats``;
-- SNR (dB) of the streamed audio against the whole piece decoded in one call (the only difference
-  streaming makes is each window's right edge, decoded without the frames after it).
+- SNR (dB) of the streamed audio against the whole piece decoded in one call (what streaming changes:
+  each window's audio near its end, decoded without the frames after it unless a lookahead waits for them).
 
 Random weights (``speech_api.make_checkpoint``): the costs are the architecture's; the SNR is a
 random decoder's, not a trained one's.
@@ -53,10 +55,10 @@ def stream(schedule, frames: np.ndarray, decode, spf: int) -> tuple[np.ndarray, 
     out: list[list[np.ndarray]] = [[] for _ in frames]
     windows = 0
     while decoders[0].pending_frames:
-        cut = [d.next_window(schedule.chunk_after(d.decoded_frames)) for d in decoders]
-        audio = decode(np.stack([frames_ for frames_, _, _ in cut]))
-        for i, (decoder, (_, start, n)) in enumerate(zip(decoders, cut)):
-            out[i].append(decoder.accept(audio[i], start, n))
+        cut = [d.next_window(final=True) for d in decoders]  # every frame is here: the piece has ended
+        audio = decode(np.stack([frames_ for frames_, _, _, _ in cut]))
+        for i, (decoder, (_, start, end, last)) in enumerate(zip(decoders, cut)):
+            out[i].append(decoder.accept(audio[i], start, end, last))
         windows += 1
     return np.stack([np.concatenate(parts) for parts in out]), windows
 
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default="decoder,dvae", help="audio paths, comma-separated: decoder, dvae")
     p.add_argument("--max-chunks", default="24,48,96,192",
                    help=f"stream_max_chunk_frames of each schedule ({BASE_CHUNK}: chunks never grow, the baseline)")
+    p.add_argument("--lookaheads", default="0,4",
+                   help="stream_lookahead_frames of each schedule (0: each window's audio sent whole, the baseline)")
     p.add_argument("--streams", type=int, default=16, help="pieces decoded together (one batched call a window)")
     p.add_argument("--lengths", default=None, help="piece lengths in frames (default: the mixed benchmark's)")
     p.add_argument("--repeats", type=int, default=5)
@@ -90,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     tops = [int(x) for x in args.max_chunks.split(",")]
     if BASE_CHUNK not in tops:
         tops.insert(0, BASE_CHUNK)
-    schedules = {top: StreamWindows(BASE_CHUNK, max_chunk_frames=top) for top in tops}
+    aheads = [int(x) for x in args.lookaheads.split(",")]
+    if 0 not in aheads:
+        aheads.insert(0, 0)
+    base = (BASE_CHUNK, 0)
+    schedules = {(top, ahead): StreamWindows(BASE_CHUNK, max_chunk_frames=top, lookahead_frames=ahead)
+                 for ahead in aheads for top in tops}
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else piece_lengths()
     model = load_chattts(make_checkpoint(args.size, RESULTS / "tmp" / f"bench-{args.size}"), device=args.device,
                          audio_tf32=args.device == "cuda")  # the runtime's default audio precision on CUDA
@@ -120,30 +129,31 @@ def main(argv: list[str] | None = None) -> int:
         for schedule in schedules.values():  # warm-up: every shape once
             for length in lengths:
                 stream(schedule, pieces[length], decode, spf)
-        seconds: dict[int, list[float]] = {top: [] for top in tops}
+        seconds: dict[tuple[int, int], list[float]] = {key: [] for key in schedules}
         for _ in range(args.repeats):  # schedules alternate within each repeat (a shared, noisy machine)
-            for top, schedule in schedules.items():
+            for key, schedule in schedules.items():
                 sync()
                 t0 = time.perf_counter()
                 for length in lengths:
                     stream(schedule, pieces[length], decode, spf)
                 sync()
-                seconds[top].append(time.perf_counter() - t0)
+                seconds[key].append(time.perf_counter() - t0)
         audio_s = args.streams * sum(lengths) / frames_per_s
-        base_ms = statistics.median(seconds[BASE_CHUNK]) / audio_s * 1e3
-        for top, schedule in schedules.items():
+        base_ms = statistics.median(seconds[base]) / audio_s * 1e3
+        for (top, ahead), schedule in schedules.items():
             windows, decoded, snrs = [], 0, []
             for length in lengths:
                 streamed, count = stream(schedule, pieces[length][:1], decode, spf)
                 windows.append(count)
-                decoded += sum(end - schedule.start(done, end) for done, end in _cuts(schedule, length))
+                decoded += sum(end - start for start, end in _cuts(schedule, length))
                 snrs.append(snr_db(whole[length], streamed[0]))
-            ms = statistics.median(seconds[top]) / audio_s * 1e3
-            rows.append({"path": path, "max_chunk_frames": top, "chunk_sizes": list(schedule.chunk_sizes),
+            ms = statistics.median(seconds[(top, ahead)]) / audio_s * 1e3
+            rows.append({"path": path, "max_chunk_frames": top, "lookahead_frames": ahead,
+                         "chunk_sizes": list(schedule.chunk_sizes),
                          "windows_per_piece": statistics.mean(windows), "decoded_per_frame": decoded / sum(lengths),
                          "ms_per_audio_second": ms, "vs_base": ms / base_ms,
                          "snr_db_median": statistics.median(snrs), "snr_db_min": min(snrs),
-                         "seconds": seconds[top]})
+                         "seconds": seconds[(top, ahead)]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "seconds"}), flush=True)
     if args.out:
         write(args, rows, lengths, model, torch)
@@ -151,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cuts(schedule, length: int):
-    """``(decoded before, end)`` of each window of a piece of ``length`` frames."""
-    done = 0
-    while done < length:
-        end = min(schedule.next_end(done), length)
-        yield done, end
-        done = end
+    """``(start, end)`` of each window of a piece of ``length`` frames (all of it here: the piece has ended)."""
+    sent = 0
+    while sent < length:
+        end = schedule.next_end(sent)
+        last = end >= length
+        end = min(end, length)
+        yield schedule.start(sent, end), end
+        sent = schedule.sent_after(end, last)
 
 
 def write(args, rows: list[dict], lengths: list[int], model, torch) -> None:
@@ -167,12 +179,14 @@ def write(args, rows: list[dict], lengths: list[int], model, torch) -> None:
             "lengths": lengths, "repeats": args.repeats, "date": dt.datetime.now(dt.timezone.utc).isoformat()}
     (args.out / f"window-schedule-{tag}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     lines = [f"# Window schedules: audio decode cost and distance from the whole piece ({device})", "",
-             f"`python -m bench.runtime.window_schedule --device {args.device} --size {args.size} --streams "
-             f"{args.streams} --repeats {args.repeats}`; piece lengths {lengths} frames; torch {torch.__version__}.",
-             "", "| path | max chunk | chunk sizes | windows a piece | frames decoded a frame | ms a second of audio "
-             "(x baseline) | SNR to the whole piece, median / min |", "|---|---|---|---|---|---|---|"]
+             f"`python -m bench.runtime.window_schedule --device {args.device} --size {args.size} --paths {args.paths} "
+             f"--max-chunks {args.max_chunks} --lookaheads {args.lookaheads} --streams {args.streams} --lengths "
+             f"{','.join(map(str, lengths))} --repeats {args.repeats}`; torch {torch.__version__}; random weights.",
+             "", "| path | max chunk | lookahead | chunk sizes | windows a piece | frames decoded a frame | ms a second "
+             "of audio (x baseline) | SNR to the whole piece, median / min |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['path']} | {r['max_chunk_frames']} | {r['chunk_sizes']} | {r['windows_per_piece']:.1f} | "
+        lines.append(f"| {r['path']} | {r['max_chunk_frames']} | {r['lookahead_frames']} | {r['chunk_sizes']} | "
+                     f"{r['windows_per_piece']:.1f} | "
                      f"{r['decoded_per_frame']:.2f} | {r['ms_per_audio_second']:.2f} ({r['vs_base']:.2f}x) | "
                      f"{r['snr_db_median']:.1f} / {r['snr_db_min']:.1f} dB |")
     (args.out / f"window-schedule-{tag}.md").write_text("\n".join(lines) + "\n")

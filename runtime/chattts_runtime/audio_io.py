@@ -185,39 +185,47 @@ class AudioEncoder:
 
 @dataclass(frozen=True)
 class StreamWindows:
-    """When a stream's frames are decoded to audio, and over which frames.
+    """When a stream's frames are decoded to audio, over which frames, and how much of it is sent.
 
-    The first window ends after ``first_frames`` (short, for time to first audio), the
-    next ones every ``chunk_frames``. With ``max_chunk_frames`` above ``chunk_frames`` the
-    later windows grow: a window brings the largest of ``chunk_sizes`` (``chunk_frames``
-    doubling up to ``max_chunk_frames``) that is no more than the frames its listener has
-    already been sent. A stream that runs at twice real time or more then never waits for
-    its next window, and a long stream decodes each frame ~1.4 times instead of ~2.7
-    (fewer, larger windows re-decode less left context).
+    A window's audio is sent up to ``lookahead_frames`` before the window's end: the decoders'
+    convolutions (and the ISTFT) look ahead, and audio decoded without the frames after it is
+    not what the whole piece decoded at once gives there. With a lookahead of a few frames the
+    streamed audio is the whole piece's to within rounding; without, each window's last frames
+    differ (as upstream's own streaming does). The next window decodes them again, and a
+    piece's last window sends everything.
 
-    Each window decodes its new frames plus at least ``context_frames`` already-sent ones
-    on the left (the convolution stacks need history), padded on the left to the smallest
-    of ``chunk + context_frames`` (a chunk size) that holds them once the stream is that
-    long: so a stream's windows take only a few shapes (``regular_shapes``), which is what
-    lets an engine decode them with a few captured CUDA graphs. The speech API and the
-    graph engine both follow this one schedule, so their audio is the same; it depends on
-    the frame count only, never on timing.
+    The first window sends ``first_frames`` (short, for time to first audio), the next ones
+    ``chunk_frames`` each. With ``max_chunk_frames`` above ``chunk_frames`` later windows
+    grow: each sends the largest of ``chunk_sizes`` (``chunk_frames`` doubling up to
+    ``max_chunk_frames``) that is no more than the frames its listener already has. A stream
+    that runs at twice real time or more then never waits for its next window, and a long
+    stream decodes each frame ~1.4 times instead of ~2.7 (fewer, larger windows re-decode
+    less left context).
+
+    Each window also decodes at least ``context_frames`` already-sent frames on its left (the
+    convolution stacks need history), padded on the left to the smallest ``chunk + context +
+    lookahead`` that holds them once the stream is that long: so a stream's windows take
+    only a few shapes (``regular_shapes``), which is what lets an engine decode them with a
+    few captured CUDA graphs. The speech API and the graph engine both follow this one
+    schedule, so their audio is the same; it depends on frame counts only, never on timing.
     """
 
     chunk_frames: int = 24
     context_frames: int = 40
-    max_chunk_frames: int | None = None  # None: every window after the first brings chunk_frames
+    max_chunk_frames: int | None = None  # None: every window after the first sends chunk_frames
+    lookahead_frames: int = 0
 
     def __post_init__(self):
-        if self.chunk_frames < 1 or self.context_frames < 0:
-            raise ValueError("chunk_frames must be >= 1 and context_frames >= 0")
+        if self.chunk_frames < 1 or self.context_frames < 0 or self.lookahead_frames < 0:
+            raise ValueError("chunk_frames must be >= 1, context_frames and lookahead_frames >= 0")
         if self.max_chunk_frames is not None and self.max_chunk_frames < self.chunk_frames:
             raise ValueError(f"max_chunk_frames ({self.max_chunk_frames}) is below chunk_frames ({self.chunk_frames})")
 
     @classmethod
     def of(cls, generation) -> "StreamWindows":
         """The schedule a runtime config's ``generation`` settings ask for (one place builds it)."""
-        return cls(generation.stream_chunk_frames, max_chunk_frames=generation.stream_max_chunk_frames)
+        return cls(generation.stream_chunk_frames, max_chunk_frames=generation.stream_max_chunk_frames,
+                   lookahead_frames=generation.stream_lookahead_frames)
 
     @property
     def first_frames(self) -> int:
@@ -225,116 +233,126 @@ class StreamWindows:
 
     @property
     def window_frames(self) -> int:
-        """The shortest window of a long stream: one ``chunk_frames`` chunk and its context."""
-        return self.chunk_frames + self.context_frames
+        """The shortest window of a long stream: one ``chunk_frames`` chunk, its context and its lookahead."""
+        return self.chunk_frames + self.context_frames + self.lookahead_frames
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
-        """New frames a window after the first may bring: ``chunk_frames`` doubling, then ``max_chunk_frames``."""
+        """Frames a window after the first may send: ``chunk_frames`` doubling, then ``max_chunk_frames``."""
         top = self.max_chunk_frames or self.chunk_frames
         sizes = [self.chunk_frames]
         while sizes[-1] * 2 <= top:
             sizes.append(sizes[-1] * 2)
         return tuple(sizes) if sizes[-1] == top else (*sizes, top)
 
-    def chunk_after(self, decoded: int) -> int:
-        """New frames of the window after ``decoded`` frames (if the stream goes on that long)."""
-        if decoded == 0:
+    def chunk_after(self, sent: int) -> int:
+        """Frames the window after ``sent`` frames' audio sends (if the stream goes on that long)."""
+        if sent == 0:
             return self.first_frames
-        return max([size for size in self.chunk_sizes if size <= decoded] or [self.chunk_frames])
+        return max([size for size in self.chunk_sizes if size <= sent] or [self.chunk_frames])
 
-    def next_end(self, decoded: int) -> int:
-        """Frame count at which the window after ``decoded`` frames is due (if the stream goes on)."""
-        return decoded + self.chunk_after(decoded)
+    def next_end(self, sent: int) -> int:
+        """Frame count at which the window after ``sent`` frames' audio is due: its end (if the stream goes on)."""
+        return sent + self.chunk_after(sent) + self.lookahead_frames
 
-    def start(self, decoded: int, end: int) -> int:
-        """First frame of the window that ends at ``end`` when ``decoded`` frames were decoded before."""
-        need = end - decoded + self.context_frames
-        length = min((size + self.context_frames for size in self.chunk_sizes
-                      if size + self.context_frames >= need), default=need)
+    def sent_after(self, end: int, final: bool) -> int:
+        """Frames whose audio is sent once the window ending at ``end`` is (all of them after the last)."""
+        return end if final else end - self.lookahead_frames
+
+    def start(self, sent: int, end: int) -> int:
+        """First frame of the window that ends at ``end`` when ``sent`` frames' audio was sent before."""
+        need = end - sent + self.context_frames
+        extra = self.context_frames + self.lookahead_frames
+        length = min((size + extra for size in self.chunk_sizes if size + extra >= need), default=need)
         return max(0, end - length)
 
     def regular_shapes(self) -> list[int]:
         """Window lengths (frames) of every window but a short stream's last one."""
-        shapes, decoded = set(), 0
+        shapes, sent = set(), 0
+        longest = self.chunk_sizes[-1] + self.context_frames + self.lookahead_frames
         while True:
-            end = self.next_end(decoded)
-            shapes.add(end - self.start(decoded, end))
-            if self.chunk_after(decoded) == self.chunk_sizes[-1] and end >= self.chunk_sizes[-1] + self.context_frames:
+            end = self.next_end(sent)
+            shapes.add(end - self.start(sent, end))
+            if self.chunk_after(sent) == self.chunk_sizes[-1] and end >= longest:
                 break  # every later window has this one's shape
-            decoded = end
+            sent = self.sent_after(end, final=False)
         # A long stream's last window: its few new frames with the smallest shape that holds their context.
-        shapes.update(size + self.context_frames for size in self.chunk_sizes)
+        shapes.update(size + self.context_frames + self.lookahead_frames for size in self.chunk_sizes)
         return sorted(shapes)
 
 
-def unsent_samples(samples_per_frame: int, start: int, emitted: int, audio: np.ndarray) -> tuple[np.ndarray, int]:
-    """A window's decoded audio (window starting at frame ``start``) -> (samples not sent yet, new sent count).
+def unsent_samples(samples_per_frame: int, start: int, emitted: int, audio: np.ndarray,
+                   through: int | None = None) -> tuple[np.ndarray, int]:
+    """A window's decoded audio (window starting at frame ``start``) -> (samples not sent yet, new sent count),
+    sent up to frame ``through`` (default: the window's end).
 
     A centred ISTFT over ``n`` frames yields ``(2n - 1) * hop`` samples: the last
-    half-frame is only final once the next window exists, so it is never sent.
+    half-frame before ``through`` is only final once the next window exists, so it is never sent.
     """
     offset = start * samples_per_frame
     stop = offset + len(audio)
+    if through is not None:
+        stop = min(stop, through * samples_per_frame - samples_per_frame // 2)
     return audio[emitted - offset:stop - offset], max(emitted, stop)
 
 
 class StreamingDecoder:
-    """Frames in, final audio samples out, chunk by chunk.
+    """Frames in, the stream's audio out, window by window on a :class:`StreamWindows` schedule.
 
-    Each decode covers the new frames plus ``context_frames`` already-emitted frames on
-    the left, so the convolution stacks see real history; samples already sent are
-    never re-sent. The right edge of a chunk is computed without future frames (as
-    ChatTTS's own streaming does), which is the only difference from decoding the
-    whole utterance at once. ``next_window`` / ``accept`` split a step so that windows
-    of many streams can be decoded in one batch (:class:`BatchedDecoder`).
+    Each window decodes its frames with real history on the left (``context_frames``) and
+    sends its audio up to ``lookahead_frames`` before its end; samples already sent are never
+    re-sent. ``next_window`` / ``accept`` split a step so that windows of many streams can be
+    decoded in one batch (:class:`BatchedDecoder`).
     """
 
-    def __init__(self, samples_per_frame: int, context_frames: int = 40, windows: StreamWindows | None = None):
+    def __init__(self, samples_per_frame: int, windows: StreamWindows):
         self._spf = samples_per_frame
-        self._context = windows.context_frames if windows is not None else context_frames
         self._windows = windows
         self._frames: list[np.ndarray] = []
         self._emitted = 0  # samples already returned
-        self._decoded_frames = 0
+        self._sent = 0  # frames whose audio was returned
 
     @property
     def pending_frames(self) -> int:
-        return len(self._frames) - self._decoded_frames
+        """Frames whose audio has not been returned yet."""
+        return len(self._frames) - self._sent
 
     @property
-    def decoded_frames(self) -> int:
-        """Frames whose audio has been decoded (the schedule's next window follows from it)."""
-        return self._decoded_frames
+    def sent_frames(self) -> int:
+        return self._sent
 
     def push(self, frames: np.ndarray) -> None:
         self._frames.extend(frames)
 
-    def next_window(self, limit: int | None = None) -> tuple[np.ndarray, int, int] | None:
-        """(frames to decode, first frame index, frame count) or None when nothing is pending; at most
-        ``limit`` new frames when given."""
-        n = len(self._frames) if limit is None else min(len(self._frames), self._decoded_frames + limit)
-        if n == 0 or self.pending_frames == 0:
+    def next_window(self, final: bool = False) -> tuple[np.ndarray, int, int, bool] | None:
+        """``(frames to decode, first frame index, end, last)`` of the next window due, or None: the
+        schedule's next window once its frames are here; with ``final`` (the stream has ended) the rest
+        too, ``last`` for the window that sends everything."""
+        total = len(self._frames)
+        if total <= self._sent:
             return None
-        if self._windows is not None:
-            start = self._windows.start(self._decoded_frames, n)
-        else:
-            start = max(0, self._decoded_frames - self._context)
-        return np.stack(self._frames[start:n]), start, n
+        end = self._windows.next_end(self._sent)
+        if end > total:
+            if not final:
+                return None
+            end = total
+        start = self._windows.start(self._sent, end)
+        return np.stack(self._frames[start:end]), start, end, final and end == total
 
-    def accept(self, audio: np.ndarray, start: int, n: int) -> np.ndarray:
-        """The decoded window's audio -> the samples not sent yet."""
-        out, self._emitted = unsent_samples(self._spf, start, self._emitted, audio)
-        self._decoded_frames = n
+    def accept(self, audio: np.ndarray, start: int, end: int, last: bool) -> np.ndarray:
+        """The decoded window's audio -> the samples not sent yet, up to the window's lookahead."""
+        through = self._windows.sent_after(end, last)
+        out, self._emitted = unsent_samples(self._spf, start, self._emitted, audio, through)
+        self._sent = through
         return out.astype(np.float32, copy=False)
 
-    def take(self, decode: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """Decode what is pending with ``decode`` (frames [T, ...] -> samples); empty if nothing is."""
-        window = self.next_window()
-        if window is None:
-            return np.zeros(0, np.float32)
-        frames, start, n = window
-        return self.accept(decode(frames), start, n)
+    def take(self, decode: Callable[[np.ndarray], np.ndarray], final: bool = False) -> list[np.ndarray]:
+        """Every window due, decoded with ``decode`` (frames [T, ...] -> samples): their samples."""
+        out = []
+        while (window := self.next_window(final)) is not None:
+            frames, start, end, last = window
+            out.append(self.accept(decode(frames), start, end, last))
+        return out
 
 
 class BatchedDecoder:

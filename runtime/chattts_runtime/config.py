@@ -215,6 +215,12 @@ class GenerationSettings(_Strict):
         "for its next chunk). Fewer, larger chunks decode less overlapping context: a long piece's audio is "
         "decoded ~1.4 times per frame at 96 instead of ~2.7 at 24. The first two chunks stay as they are (first "
         "audio is not later). null: every chunk is stream_chunk_frames.")
+    stream_lookahead_frames: int = Field(
+        4, ge=0, le=16, description="A streamed chunk's audio is sent once this many frames after it are decoded "
+        "too: the decoders look ahead, and audio decoded without the frames that follow is not the whole piece's "
+        "(upstream's own streaming sends such audio). Streamed against whole-piece audio (full-size Decoder path, "
+        "random weights): 16 dB SNR at 0, 47 dB at 4, 84 dB at 8. Each chunk, the first too, waits for this many "
+        "more frames (4: 85 ms of audio, four decode steps); 0: as upstream streams.")
     audio_decoder: Literal["dvae", "decoder"] | None = Field(
         None, description="decoder: audio from the GPT's hidden states through the Decoder (upstream's default); "
         "dvae: from the codes through the DVAE. None: decoder on every engine (upstream's default; vLLM returns "

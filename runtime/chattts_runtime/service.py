@@ -670,12 +670,9 @@ class SpeechService:
                     # Windows of exactly the schedule's sizes, however many frames a chunk brings; a
                     # piece's end flushes its frames, and the next piece starts a schedule of its own.
                     ends = chunk.finished or chunk.piece_end
-                    while True:
-                        due = windows.chunk_after(decoder.decoded_frames)
-                        if decoder.pending_frames < due and not (ends and decoder.pending_frames):
-                            break
-                        frames, start, n = decoder.next_window(due if decoder.pending_frames >= due else None)
-                        out.append(decoder.accept(await self._batched.decode(frames), start, n))
+                    while (window := decoder.next_window(final=ends)) is not None:
+                        frames, start, end, last = window
+                        out.append(decoder.accept(await self._batched.decode(frames), start, end, last))
                     if chunk.piece_end:
                         decoder = StreamingDecoder(self.model.sizes.samples_per_frame, windows=windows)
                 for samples in out:

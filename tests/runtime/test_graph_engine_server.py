@@ -114,17 +114,18 @@ def test_graph_engine_defaults_to_upstreams_pipeline(tiny_checkpoint):
 LONG = ("the quick brown fox jumps over the lazy dog! " * 12).strip()
 
 
-@pytest.mark.parametrize("path, max_chunk", [("dvae", None), ("decoder", None), ("decoder", 48)])
+@pytest.mark.parametrize("path, max_chunk, lookahead", [("dvae", None, 0), ("decoder", None, 0), ("decoder", 48, 4)])
 def test_long_input_on_the_graph_engine_streams_the_reference_audio(start_server, endless_checkpoint, path,
-                                                                   max_chunk):
+                                                                   max_chunk, lookahead):
     """A long input in several pieces: one stream, as the reference engine serves it, each piece's audio
     decoded on its own (by the graph engine for streams, by the speech API otherwise), as upstream
-    decodes the pieces of a split text and concatenates them; also with chunks that grow (12, 24, 48)."""
+    decodes the pieces of a split text and concatenates them; also with chunks that grow (12, 24, 48) and
+    are sent 4 frames before their windows' ends."""
     # Each piece on its own voice here, so that every piece's length is known (the endless checkpoint runs
     # to the context's end); the first piece's voice for all is tests/parity/test_long_input_voice.py's.
     settings = {"engine": {"max_model_len": 256}, "text": {"frames_per_text_token": 0.5, "voice_from_first_piece": False},
                 "generation": {"max_new_frames": 300, "stream_chunk_frames": 12, "stream_max_chunk_frames": max_chunk,
-                               "audio_decoder": path}}
+                               "stream_lookahead_frames": lookahead, "audio_decoder": path}}
     reference = start_server(settings, checkpoint=endless_checkpoint)
     graph = start_server({"engine_kind": "graph", **settings}, checkpoint=endless_checkpoint)
     for stream in (True, False):

@@ -95,7 +95,8 @@ class _Slotted:
     position: int = 0  # position id of its next input
     done: bool = False
     slot: int = -1
-    sent: int = 0  # frames handed out (frames path) or decoded to audio (audio path)
+    sent: int = 0  # frames handed out (frames path) or whose audio was sent (audio path)
+    codes_sent: int = 0  # audio path: frames whose codes were handed out (the audio lags by the lookahead)
     samples_sent: int = 0  # audio path: samples handed out
     hidden: list[np.ndarray] = field(default_factory=list)  # want_hidden rows not handed out yet
     aborted: bool = False
@@ -130,7 +131,9 @@ class _Window:
     end: int
     codes: np.ndarray  # the frames new in this window (handed out with its audio)
     final: str | None = None
-    decoded_before: int = 0  # the stream's decoded frames before this window
+    decoded_before: int = 0  # the stream's frames whose audio was sent before this window
+    through: int = 0  # its audio is sent up to this frame (the windows' lookahead before its end)
+    codes_before: int = 0  # the stream's frames whose codes were handed out before this window
 
 
 @dataclass
@@ -856,13 +859,14 @@ class GraphEngine(Engine):
             return
         if seq.pending_window is not None:  # two chunks due in one iteration: one window covers both
             windows.remove(seq.pending_window)
-            seq.sent = seq.pending_window.decoded_before
+            seq.sent, seq.codes_sent = seq.pending_window.decoded_before, seq.pending_window.codes_before
         start = self.windows.start(seq.sent, count) if count > seq.sent else count
-        seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.sent:count].copy(), final,
-                                     decoded_before=seq.sent)
+        through = self.windows.sent_after(count, final is not None)
+        seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.codes_sent:count].copy(), final,
+                                     decoded_before=seq.sent, through=through, codes_before=seq.codes_sent)
         windows.append(seq.pending_window)
-        seq.sent = count
-        book.next_emit[slot] = self.windows.next_end(count)
+        seq.sent, seq.codes_sent = through, count
+        book.next_emit[slot] = self.windows.next_end(through)
 
     def _finish(self, seq: _Slotted, reason: str, events, windows: list[_Window]) -> None:
         seq.done = True
@@ -957,7 +961,7 @@ class GraphEngine(Engine):
             samples = np.zeros(0, np.float32)
             if w.end > w.start:
                 samples, seq.samples_sent = unsent_samples(self._samples_per_frame, w.start, seq.samples_sent,
-                                                           audio[row])
+                                                           audio[row], w.through)
                 row += 1
                 if seq.first_audio_at is None and len(samples):
                     seq.first_audio_at = time.monotonic()
