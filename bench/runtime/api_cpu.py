@@ -36,6 +36,7 @@ import numpy as np
 from bench.runtime.launch import free_port, wait_ready
 from bench.runtime.speech_api import process_cpu_seconds
 from chattts_runtime.audio_io import StreamWindows
+from chattts_runtime.config import GenerationSettings
 from chattts_runtime.engines.base import Engine, FrameChunk
 from chattts_runtime.engines.plumbing import RequestPlumbing
 
@@ -47,12 +48,16 @@ BODY = {"model": "chattts", "input": "benchmark sentence 7: the quick brown fox 
 
 
 def chunk_schedule(frames: int, chunk_frames: int = 24) -> list[int]:
-    """Frames per streamed chunk of a ``frames``-long response: the runtime's own window schedule."""
-    windows, sizes, done = StreamWindows(chunk_frames), [], 0
-    while done < frames:
-        end = min(windows.next_end(done), frames)
-        sizes.append(end - done)
-        done = end
+    """Frames of audio per streamed chunk of a ``frames``-long response: the runtime's own window schedule,
+    with the config's defaults otherwise (the stand-in sends each chunk when its audio's last frame is made,
+    not the lookahead's frames later: the same chunks, a few steps sooner)."""
+    windows = StreamWindows.of(GenerationSettings(stream_chunk_frames=chunk_frames))
+    sizes, sent = [], 0
+    while sent < frames:
+        end = min(windows.next_end(sent), frames)
+        after = windows.sent_after(end, final=end == frames)
+        sizes.append(after - sent)
+        sent = after
     return sizes
 
 

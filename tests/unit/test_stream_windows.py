@@ -98,7 +98,7 @@ def test_a_stream_at_twice_real_time_never_waits_for_a_window_after_its_second(s
 
 
 def test_the_config_builds_the_schedule_and_refuses_chunks_that_shrink():
-    assert StreamWindows.of(GenerationSettings()) == StreamWindows(24, 40)
+    assert StreamWindows.of(GenerationSettings()) == StreamWindows(24, 40, lookahead_frames=4)
     assert StreamWindows.of(GenerationSettings(stream_chunk_frames=12, stream_max_chunk_frames=48,
                                                stream_lookahead_frames=2)) == \
         StreamWindows(12, 40, max_chunk_frames=48, lookahead_frames=2)
