@@ -189,10 +189,10 @@ class StreamWindows:
 
     A window's audio is sent up to ``lookahead_frames`` before the window's end: the decoders'
     convolutions (and the ISTFT) look ahead, and audio decoded without the frames after it is
-    not what the whole piece decoded at once gives there. With a lookahead of a few frames the
-    streamed audio is the whole piece's to within rounding; without, each window's last frames
-    differ (as upstream's own streaming does). The next window decodes them again, and a
-    piece's last window sends everything.
+    not what the whole piece decoded at once gives there: streamed audio is 16.5 dB from the
+    whole piece's without a lookahead (as upstream's own streaming sends it), 47 dB with 4
+    frames, 84 dB with 8 (full-size Decoder path, random weights; bench.runtime.window_schedule).
+    The next window decodes those frames again, and a piece's last window sends everything.
 
     The first window sends ``first_frames`` (short, for time to first audio), the next ones
     ``chunk_frames`` each. With ``max_chunk_frames`` above ``chunk_frames`` later windows

@@ -213,8 +213,8 @@ class GenerationSettings(_Strict):
         None, ge=1, description="Later chunks of a streamed piece grow from stream_chunk_frames, doubling, up to "
         "this many frames, each at most the frames already sent (a stream at twice real time or more never waits "
         "for its next chunk). Fewer, larger chunks decode less overlapping context: a long piece's audio is "
-        "decoded ~1.4 times per frame at 96 instead of ~2.7 at 24. The first two chunks stay as they are (first "
-        "audio is not later). null: every chunk is stream_chunk_frames.")
+        "decoded ~1.4 times per frame at 96 instead of ~2.7 at 24. The first chunks stay as they are (first audio "
+        "is not later). null: every chunk is stream_chunk_frames.")
     stream_lookahead_frames: int = Field(
         4, ge=0, le=16, description="A streamed chunk's audio is sent once this many frames after it are decoded "
         "too: the decoders look ahead, and audio decoded without the frames that follow is not the whole piece's "

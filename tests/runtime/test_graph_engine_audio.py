@@ -191,6 +191,37 @@ def test_first_audio_chunk_is_the_short_window(tiny_model):
     assert chunks[-1].finish_reason == "length"
 
 
+def _snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(reference ** 2) / max(np.sum((reference - other) ** 2), 1e-30)))
+
+
+@pytest.mark.parametrize("path", ["dvae", "decoder"])
+def test_streamed_audio_is_the_whole_pieces_with_a_lookahead(tiny_model, path):
+    """The engine's streamed audio against the same frames decoded whole: with the config's default 4 frames
+    of lookahead each window's audio is sent once the decoders have the frames after it, and the stream is
+    the whole piece's to float rounding's edge; without (0, as upstream's own streaming), every window's end
+    differs."""
+    from chattts_runtime.config import GenerationSettings
+
+    hidden = path == "decoder"
+    params = SamplingParams(temperature=0.3, seed=3, max_new_frames=100, min_new_frames=100)
+    [plain] = asyncio.run(_streams(tiny_model, ["the whole piece"], params, want_audio=False, want_hidden=hidden))
+    frames = np.concatenate([c.hidden for c in plain if len(c.codes)]) if hidden else np.concatenate(
+        [c.codes for c in plain])
+    decode = tiny_model.hidden_to_audio if hidden else tiny_model.codes_to_audio
+    whole = decode(torch.from_numpy(frames)[None]).numpy()[0]
+    snr, default = {}, GenerationSettings().stream_lookahead_frames
+    for lookahead in (default, 0):
+        windows = StreamWindows(chunk_frames=24, lookahead_frames=lookahead)
+        [chunks] = asyncio.run(_streams(tiny_model, ["the whole piece"], params, want_audio=True, want_hidden=hidden,
+                                        windows=windows))
+        assert np.array_equal(np.concatenate([c.codes for c in chunks]), np.concatenate([c.codes for c in plain]))
+        streamed = np.concatenate([c.audio for c in chunks if c.audio is not None])
+        assert len(streamed) == len(whole)
+        snr[lookahead] = _snr_db(whole, streamed)
+    assert default > 0 and snr[default] >= 45 and snr[0] < 30, snr
+
+
 def test_decoder_audio_needs_a_checkpoint_with_a_decoder(tiny_model):
     async def scenario():
         engine = GraphEngine(tiny_model)

@@ -140,3 +140,4 @@ def test_long_input_on_the_graph_engine_streams_the_reference_audio(start_server
     pieces = FrontEnd.from_config(config, load_chattts(endless_checkpoint).tokenizer).pieces(LONG)
     assert len(pieces) > 2  # really in pieces
     assert len(got) == sum(2 * p.max_frames - 1 for p in pieces) * 256  # every piece whole, nothing lost at a joint
+

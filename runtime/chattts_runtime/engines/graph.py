@@ -131,7 +131,7 @@ class _Window:
     end: int
     codes: np.ndarray  # the frames new in this window (handed out with its audio)
     final: str | None = None
-    decoded_before: int = 0  # the stream's frames whose audio was sent before this window
+    sent_before: int = 0  # the stream's frames whose audio was sent before this window
     through: int = 0  # its audio is sent up to this frame (the windows' lookahead before its end)
     codes_before: int = 0  # the stream's frames whose codes were handed out before this window
 
@@ -859,11 +859,11 @@ class GraphEngine(Engine):
             return
         if seq.pending_window is not None:  # two chunks due in one iteration: one window covers both
             windows.remove(seq.pending_window)
-            seq.sent, seq.codes_sent = seq.pending_window.decoded_before, seq.pending_window.codes_before
+            seq.sent, seq.codes_sent = seq.pending_window.sent_before, seq.pending_window.codes_before
         start = self.windows.start(seq.sent, count) if count > seq.sent else count
         through = self.windows.sent_after(count, final is not None)
         seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.codes_sent:count].copy(), final,
-                                     decoded_before=seq.sent, through=through, codes_before=seq.codes_sent)
+                                     sent_before=seq.sent, through=through, codes_before=seq.codes_sent)
         windows.append(seq.pending_window)
         seq.sent, seq.codes_sent = through, count
         book.next_emit[slot] = self.windows.next_end(through)
@@ -903,7 +903,7 @@ class GraphEngine(Engine):
                 flush += [k for k in self._hold.keys_holding(lambda x, seq=w.seq: x.seq is seq) if k not in flush]
             if w.end == w.start:
                 continue
-            if self._hold.holdable(lead=self._lead(w.seq, now), first=w.decoded_before == 0, final=w.final is not None):
+            if self._hold.holdable(lead=self._lead(w.seq, now), first=w.sent_before == 0, final=w.final is not None):
                 self._hold.add(key, w, now)
                 w.seq.held += 1
             else:
