@@ -44,23 +44,24 @@ def piece_lengths() -> list[int]:
     return sorted({FRAMES_PER_WORD * len(s.split()) for s in MIXED_SENTENCES})
 
 
-def stream(schedule, frames: np.ndarray, decode, spf: int) -> tuple[np.ndarray, int]:
+def stream(schedule, frames: np.ndarray, decode, spf: int) -> tuple[np.ndarray, int, int]:
     """Every stream of ``frames [B, T, ...]`` decoded window by window on ``schedule``, the B windows of a
-    step in one ``decode`` call: (samples ``[B, S]``, windows per stream)."""
+    step in one ``decode`` call: (samples ``[B, S]``, windows per stream, frames decoded per stream)."""
     from chattts_runtime.audio_io import StreamingDecoder  # noqa: PLC0415
 
     decoders = [StreamingDecoder(spf, windows=schedule) for _ in frames]
     for decoder, piece in zip(decoders, frames):
         decoder.push(piece)
     out: list[list[np.ndarray]] = [[] for _ in frames]
-    windows = 0
+    windows = decoded = 0
     while decoders[0].pending_frames:
         cut = [d.next_window(final=True) for d in decoders]  # every frame is here: the piece has ended
         audio = decode(np.stack([frames_ for frames_, _, _, _ in cut]))
         for i, (decoder, (_, start, end, last)) in enumerate(zip(decoders, cut)):
             out[i].append(decoder.accept(audio[i], start, end, last))
         windows += 1
-    return np.stack([np.concatenate(parts) for parts in out]), windows
+        decoded += cut[0][2] - cut[0][1]
+    return np.stack([np.concatenate(parts) for parts in out]), windows, decoded
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -143,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         for (top, ahead), schedule in schedules.items():
             windows, decoded, snrs = [], 0, []
             for length in lengths:
-                streamed, count = stream(schedule, pieces[length][:1], decode, spf)
+                streamed, count, frames_decoded = stream(schedule, pieces[length][:1], decode, spf)
                 windows.append(count)
-                decoded += sum(end - start for start, end in _cuts(schedule, length))
+                decoded += frames_decoded
                 snrs.append(snr_db(whole[length], streamed[0]))
             ms = statistics.median(seconds[(top, ahead)]) / audio_s * 1e3
             rows.append({"path": path, "max_chunk_frames": top, "lookahead_frames": ahead,
@@ -156,22 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds": seconds[(top, ahead)]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "seconds"}), flush=True)
     if args.out:
-        write(args, rows, lengths, model, torch)
+        write(args, rows, lengths, torch)
     return 0
 
 
-def _cuts(schedule, length: int):
-    """``(start, end)`` of each window of a piece of ``length`` frames (all of it here: the piece has ended)."""
-    sent = 0
-    while sent < length:
-        end = schedule.next_end(sent)
-        last = end >= length
-        end = min(end, length)
-        yield schedule.start(sent, end), end
-        sent = schedule.sent_after(end, last)
-
-
-def write(args, rows: list[dict], lengths: list[int], model, torch) -> None:
+def write(args, rows: list[dict], lengths: list[int], torch) -> None:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     tag = args.tag or f"{args.device}-{dt.date.today().isoformat()}"
     args.out.mkdir(parents=True, exist_ok=True)
