@@ -154,17 +154,22 @@ def test_bench_command_runs_at_its_tiniest(name, tmp_path):
     _run([sys.executable, "-m", *args], tmp_path, timeout=900)
 
 
-def test_window_schedules_decode_less_as_chunks_grow_and_stay_near_the_whole_piece(tmp_path):
+def test_window_schedules_decode_less_as_chunks_grow_and_near_the_whole_piece_with_a_lookahead(tmp_path):
     _run([sys.executable, "-m", "bench.runtime.window_schedule", "--size", "tiny", "--streams", "2", "--repeats", "1",
-          "--lengths", "60,200", "--max-chunks", "48,96", "--out", str(tmp_path), "--tag", "t"], tmp_path, timeout=900)
+          "--lengths", "60,200", "--max-chunks", "48,96", "--lookaheads", "4", "--out", str(tmp_path), "--tag", "t"],
+         tmp_path, timeout=900)
     rows = json.loads((tmp_path / "window-schedule-t.json").read_text())["rows"]
     for path in ("decoder", "dvae"):
-        by_top = {r["max_chunk_frames"]: r for r in rows if r["path"] == path}
-        assert sorted(by_top) == [24, 48, 96] and by_top[24]["vs_base"] == 1.0
-        decoded = [by_top[top]["decoded_per_frame"] for top in (24, 48, 96)]
-        windows = [by_top[top]["windows_per_piece"] for top in (24, 48, 96)]
-        assert decoded == sorted(decoded, reverse=True) and decoded[2] < decoded[0]
-        assert windows == sorted(windows, reverse=True) and windows[2] < windows[0]
-        # fewer right edges decoded without their future: no farther from the whole piece than 24-frame chunks
-        assert by_top[96]["snr_db_median"] >= by_top[24]["snr_db_median"] - 0.5
-    assert "| decoder | 96 | [24, 48, 96] |" in (tmp_path / "window-schedule-t.md").read_text()
+        mine = {(r["max_chunk_frames"], r["lookahead_frames"]): r for r in rows if r["path"] == path}
+        assert sorted(mine) == [(24, 0), (24, 4), (48, 0), (48, 4), (96, 0), (96, 4)]
+        assert mine[(24, 0)]["vs_base"] == 1.0
+        for ahead in (0, 4):
+            decoded = [mine[(top, ahead)]["decoded_per_frame"] for top in (24, 48, 96)]
+            windows = [mine[(top, ahead)]["windows_per_piece"] for top in (24, 48, 96)]
+            assert decoded == sorted(decoded, reverse=True) and decoded[2] < decoded[0]
+            assert windows == sorted(windows, reverse=True) and windows[2] < windows[0]
+            # fewer window ends decoded without their future: no farther from the whole piece than 24-frame chunks
+            assert mine[(96, ahead)]["snr_db_median"] >= mine[(24, ahead)]["snr_db_median"] - 0.5
+        for top in (24, 48, 96):  # the lookahead waits for those frames: far nearer the whole piece
+            assert mine[(top, 4)]["snr_db_min"] > mine[(top, 0)]["snr_db_median"] + 20
+    assert "| decoder | 96 | 4 | [24, 48, 96] |" in (tmp_path / "window-schedule-t.md").read_text()
