@@ -112,15 +112,21 @@ def log_mel(audio, sample_rate: int = 24_000, n_fft: int = 1024, hop: int = 256,
     return torch.log(torch.clamp(fb @ spec, min=1e-5)).numpy()
 
 
+def snr_db(ref_audio: np.ndarray, test_audio: np.ndarray) -> float:
+    """SNR (dB) of ``test_audio`` against ``ref_audio`` (the signal) over their common length."""
+    m = min(len(ref_audio), len(test_audio))
+    noise = float(np.sum((ref_audio[:m] - test_audio[:m]) ** 2))
+    signal = float(np.sum(ref_audio[:m] ** 2))
+    return float("inf") if noise == 0 else float(10 * np.log10(max(signal, 1e-20) / noise))
+
+
 def audio_distance(ref_audio: np.ndarray, test_audio: np.ndarray) -> dict:
     """Log-mel L1 and SNR (the reference as the signal) over the two waveforms' common length."""
     m = min(len(ref_audio), len(test_audio))
     mel_a, mel_b = log_mel(ref_audio[:m]), log_mel(test_audio[:m])
-    noise = float(np.sum((ref_audio[:m] - test_audio[:m]) ** 2))
-    signal = float(np.sum(ref_audio[:m] ** 2))
     return {"finite": bool(np.isfinite(test_audio).all()),  # a 16-bit overflow shows as inf/NaN audio
             "mel_l1": float(np.mean(np.abs(mel_a - mel_b))),
-            "snr_db": float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-20) / noise)}
+            "snr_db": snr_db(ref_audio, test_audio)}
 
 
 def compare(reference: np.ndarray, test: np.ndarray, ref_audio: np.ndarray, test_audio: np.ndarray) -> dict:

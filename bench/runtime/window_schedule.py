@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.runtime.dtype_agreement import snr_db
 from bench.runtime.speech_api import FRAMES_PER_WORD, MIXED_SENTENCES, RESULTS, make_checkpoint
 
 BASE_CHUNK = 24  # the runtime's default stream_chunk_frames
@@ -62,12 +63,6 @@ def stream(schedule, frames: np.ndarray, decode, spf: int) -> tuple[np.ndarray, 
         windows += 1
         decoded += cut[0][2] - cut[0][1]
     return np.stack([np.concatenate(parts) for parts in out]), windows, decoded
-
-
-def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
-    n = min(len(reference), len(other))
-    noise = float(np.sum((reference[:n] - other[:n]) ** 2))
-    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(reference[:n] ** 2)) / noise)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -317,10 +317,6 @@ class StreamingDecoder:
         """Frames whose audio has not been returned yet."""
         return len(self._frames) - self._sent
 
-    @property
-    def sent_frames(self) -> int:
-        return self._sent
-
     def push(self, frames: np.ndarray) -> None:
         self._frames.extend(frames)
 
