@@ -275,7 +275,10 @@ def in_window(reports: list[dict], window: tuple[float, float]) -> list[dict]:
 LOOP_MEAN_OVER = {"rows_per_step": "steps_per_s", "idle_rows_per_step": "steps_per_s",
                   "kv_positions_per_step": "steps_per_s", "length_bucket_per_step": "steps_per_s",
                   "rows_per_prefill": "prefills_per_s", "rows_per_audio_launch": "audio_launches_per_s",
-                  "too_wide": "substeps_too_wide_per_s"}
+                  "too_wide": "substeps_too_wide_per_s", "free_slots_per_step": "steps_per_s",
+                  "draining_slots_per_step": "steps_per_s", "audio_lag_ms": "audio_windows_out_per_s"}
+# Figures that are the most over a report, merged as the most over all of them.
+LOOP_MAX = {"audio_lag_max_ms"}
 
 
 def steady_span(row: dict) -> tuple[float, float] | None:
@@ -287,7 +290,8 @@ def steady_span(row: dict) -> tuple[float, float] | None:
 
 def merge_loop_reports(reports: list[dict]) -> dict:
     """Several loop reports as one: rates and shares weighted by each report's seconds of work, means by
-    the count they are a mean over (``LOOP_MEAN_OVER``); a mean over nothing is 0."""
+    the count they are a mean over (``LOOP_MEAN_OVER``), maxima as the largest (``LOOP_MAX``); a mean over
+    nothing is 0."""
     def weight(report: dict, key: str) -> float:
         over = LOOP_MEAN_OVER.get(key)
         return report["wall_s"] * (report.get(over, 0.0) if over else 1.0)
@@ -304,7 +308,9 @@ def merge_loop_reports(reports: list[dict]) -> dict:
     for key, value in reports[0].items():
         if key in ("began_at", "ended_at"):
             continue
-        if isinstance(value, dict):
+        if key in LOOP_MAX:
+            merged[key] = max(r[key] for r in reports)
+        elif isinstance(value, dict):
             merged[key] = {name: mean(key, [r[key][name] for r in reports]) for name in value}
         elif key != "wall_s":
             merged[key] = mean(key, [r[key] for r in reports])
@@ -462,8 +468,9 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
         lines += ["", "| concurrency | decode steps/s (first-audio substeps) | rows per step: first / voice / next / "
                   f"refine / idle | substeps too wide/s ({wide_labels}) "
                   "| KV positions of its rows per step (per row; length bucket) "
-                  "| prefills/s (rows each) | audio launches/s (rows each) | GPU wait share | over |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| prefills/s (rows each) | audio launches/s (rows each) | slots free / draining "
+                  "| audio lag ms: mean (max) | GPU wait share | over |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in loops:
             loop = row["engine_loop"]
             rows = " / ".join(f"{v:.1f}" for v in [*loop["rows_per_step"].values(), loop["idle_rows_per_step"]])
@@ -471,11 +478,14 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
             stepped_rows = sum(loop["rows_per_step"].values())
             kv = (f"{loop['kv_positions_per_step']:,.0f} ({loop['kv_positions_per_step'] / max(stepped_rows, 1e-9):.0f}; "
                   f"{loop['length_bucket_per_step']:.0f})" if "kv_positions_per_step" in loop else "-")
+            slots = (f"{loop['free_slots_per_step']:.1f} / {loop['draining_slots_per_step']:.1f}"
+                     if "draining_slots_per_step" in loop else "-")  # an A/B arm of an older revision: not counted
+            lag = f"{loop['audio_lag_ms']:.1f} ({loop['audio_lag_max_ms']:.1f})" if "audio_lag_ms" in loop else "-"
             lines.append(f"| {row['concurrency']} | {loop['steps_per_s']:.1f} ({loop.get('substeps_per_s', 0):.1f}) "
                          f"| {rows} | {loop.get('substeps_too_wide_per_s', 0):.1f} ({wide}) | {kv} "
                          f"| {loop['prefills_per_s']:.1f} "
                          f"({loop['rows_per_prefill']:.1f}) | {loop['audio_launches_per_s']:.1f} "
-                         f"({loop['rows_per_audio_launch']:.1f}) | {loop['gpu_wait_share']:.2f} "
+                         f"({loop['rows_per_audio_launch']:.1f}) | {slots} | {lag} | {loop['gpu_wait_share']:.2f} "
                          f"| {loop.get('scope', 'level')}, {loop['reports']} reports |")
         lines += ["", "Engine loop: the graph engine's account (`engine.loop_report_seconds`, merged: rates by seconds "
                   "of work, means by what they are means over), over the reports whose middle fell inside the "
@@ -487,7 +497,9 @@ def write_report(report: dict, stem: str) -> tuple[Path, Path]:
                   "the step's bucket (what those rows were, as means over such steps), the cached positions of a step's "
                   "rows (their contexts, summed: what the ragged attention reads; the padded one, below 128 rows "
                   "on CUDA and always on the CPU, reads rows x bucket) and its KV length bucket, prefills and "
-                  "audio-window launches, "
+                  "audio-window launches, the slots free and draining at a step (draining: ended, but their last "
+                  "audio window is not done, so no newcomer can have them), the lag from the step that made an "
+                  "audio window due to its audio handed out (hold, the audio stream's queue, the decode), "
                   "and the share of the worker's time spent waiting for the GPU (near 1: the GPU is the limit, not the host)."]
     lines += ["", "TTFA: request sent -> first PCM bytes. RTF: request wall time / audio duration (< 1 is faster "
               "than real time). Client: closed-loop streaming clients spread over separate processes "

@@ -28,6 +28,18 @@ def test_means_are_weighted_by_what_they_count_and_rates_by_seconds_of_work():
     assert merged["wall_s"] == 3.0 and merged["reports"] == 2
 
 
+def test_the_audio_lag_is_a_mean_over_windows_and_its_most_the_most_of_any_report():
+    few = {**_report(1.0, 1.0, 100.0, 0.0, 0.0, 10.0, 0.0, 0.0), "free_slots_per_step": 8.0,
+           "draining_slots_per_step": 0.0, "audio_windows_out_per_s": 10.0, "audio_lag_ms": 50.0,
+           "audio_lag_max_ms": 90.0}
+    many = {**_report(1.0, 1.0, 300.0, 0.0, 0.0, 10.0, 0.0, 0.0), "free_slots_per_step": 0.0,
+            "draining_slots_per_step": 4.0, "audio_windows_out_per_s": 30.0, "audio_lag_ms": 10.0,
+            "audio_lag_max_ms": 40.0}
+    merged = merge_loop_reports([few, many])
+    assert merged["audio_lag_ms"] == 20.0 and merged["audio_lag_max_ms"] == 90.0  # (10 x 50 + 30 x 10) / 40
+    assert merged["free_slots_per_step"] == 2.0 and merged["draining_slots_per_step"] == 3.0  # over 100 + 300 steps
+
+
 def test_a_mean_over_nothing_is_zero():
     idle = _report(wall=1.0, busy=1.0, steps=0.0, too_wide_per_s=0.0, too_wide_rows=0.0, rows_per_step=0.0,
                    prefills=0.0, rows_per_prefill=0.0)

@@ -175,6 +175,9 @@ def test_windows_held_for_a_fuller_launch_give_the_same_chunks_in_the_same_order
     plain_stats, held_stats = plain_engine._stats, held_engine._stats
     assert held_stats.audio_rows == plain_stats.audio_rows  # the same windows...
     assert held_stats.audio_launches < plain_stats.audio_launches  # ... in fewer launches
+    # Every decoded window's lag is counted once, from the step that made it due to its audio handed out.
+    for stats in (plain_stats, held_stats):
+        assert stats.audio_windows == stats.audio_rows and 0 < stats.audio_lag <= stats.audio_windows * stats.audio_lag_max
     assert len(held_engine._hold) == 0 and held_engine.describe()["audio_batch_rows"] == 8
     assert held_engine._slots.free == 8 and not held_engine._slots.draining.any()  # every slot back
 

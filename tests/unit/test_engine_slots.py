@@ -208,14 +208,18 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     stats = LoopStats(clock=lambda: now[0])
     rows = dict.fromkeys(STAGE_NAMES, 0)
     rows.update(first=3, voice=2, refine=1)
-    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=600, length=128)  # 6 of a bucket of 8
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=600, length=128,  # 6 of a bucket of 8
+               free=4, draining=2)
     rows.update(first=0, next=4)
-    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=1400, length=256)  # 7 of 8
+    stats.step(8, np.array([rows[name] for name in STAGE_NAMES]), kv_positions=1400, length=256,  # 7 of 8
+               free=0, draining=5)
     stats.step(2, np.array([0, 2, 0, 0]), substep=True, kv_positions=100, length=64)  # a substep over two voice passes
     stats.substep_too_wide(40, 64, 64)  # 40 first-audio rows would take a 64-row substep after a 64-row step
     stats.prefill(3)
     stats.prefill(1)
     stats.audio(5)
+    for lag in (0.010, 0.030, 0.020):  # three windows' audio out, 10 to 30 ms after they were due
+        stats.audio_out(lag)
     stats.waited(0.5)
     stats.slept(1.0)  # asleep with nothing to do: not work
     now[0] += 3.0
@@ -229,10 +233,14 @@ def test_loop_stats_account_rows_by_stage_idle_rows_and_the_gpu_wait_then_start_
     assert (report["kv_positions_per_step"], report["length_bucket_per_step"]) == (700.0, 149.3)
     assert (report["prefills_per_s"], report["rows_per_prefill"]) == (1.0, 2.0)
     assert (report["audio_launches_per_s"], report["rows_per_audio_launch"]) == (0.5, 5.0)
+    # Slots beside the three steps (the substep said none), and the windows' lag: mean and most.
+    assert (report["free_slots_per_step"], report["draining_slots_per_step"]) == (1.3, 2.3)
+    assert (report["audio_windows_out_per_s"], report["audio_lag_ms"], report["audio_lag_max_ms"]) == (1.5, 20.0, 30.0)
     assert report["gpu_wait_share"] == 0.25
     now[0] += 1.0
     fresh = stats.report()
     assert fresh["steps_per_s"] == 0.0 and stats.steps == 0  # the next report counts afresh
+    assert fresh["audio_lag_max_ms"] == 0.0 and fresh["draining_slots_per_step"] == 0.0
     assert (fresh["began_at"], fresh["ended_at"]) == (103.0, 104.0)
     assert fresh["too_wide"] == dict.fromkeys(("urgent_rows", "substep_batch", "full_batch"), 0.0)
 

@@ -134,6 +134,7 @@ class _Window:
     sent_before: int = 0  # the stream's frames whose audio was sent before this window
     through: int = 0  # its audio is sent up to this frame (the windows' lookahead before its end)
     codes_before: int = 0  # the stream's frames whose codes were handed out before this window
+    due_at: float = 0.0  # time.monotonic() when a step made it due (its audio's lag is counted from there)
 
 
 @dataclass
@@ -807,7 +808,8 @@ class GraphEngine(Engine):
         audio, text = plan.audio, plan.text
         stage_rows = np.bincount(self._stage_of[audio], minlength=len(STAGE_NAMES))
         stage_rows[_STAGE_INDEX["refine"]] = len(text)
-        self._stats.step(batch, stage_rows, substep=gathered, kv_positions=kv_positions, length=length)
+        self._stats.step(batch, stage_rows, substep=gathered, kv_positions=kv_positions, length=length,
+                         free=self._slots.free, draining=int(self._slots.draining.sum()))
         want_hidden = bool(self._frames.want_hidden[audio].any())
         # Read back by slot (the step wrote each row's output into its slot's buffers): up to the highest slot.
         top = int(slots[-1]) + 1
@@ -863,7 +865,8 @@ class GraphEngine(Engine):
         start = self.windows.start(seq.sent, count) if count > seq.sent else count
         through = self.windows.sent_after(count, final is not None)
         seq.pending_window = _Window(seq, start, count, book.frames[slot, seq.codes_sent:count].copy(), final,
-                                     sent_before=seq.sent, through=through, codes_before=seq.codes_sent)
+                                     sent_before=seq.sent, through=through, codes_before=seq.codes_sent,
+                                     due_at=time.monotonic())
         windows.append(seq.pending_window)
         seq.sent, seq.codes_sent = through, count
         book.next_emit[slot] = self.windows.next_end(through)
@@ -955,6 +958,7 @@ class GraphEngine(Engine):
 
     def _hand_out_audio(self, batch: _AudioBatch, events: list[tuple[str, FrameChunk]]) -> None:
         audio = batch.audio.numpy() if batch.audio is not None else None
+        now = time.monotonic()
         row = 0
         for w in batch.windows:
             seq = w.seq
@@ -963,6 +967,7 @@ class GraphEngine(Engine):
                 samples, seq.samples_sent = unsent_samples(self._samples_per_frame, w.start, seq.samples_sent,
                                                            audio[row], w.through)
                 row += 1
+                self._stats.audio_out(now - w.due_at)
                 if seq.first_audio_at is None and len(samples):
                     seq.first_audio_at = time.monotonic()
             if w.final is not None:  # the stream's last window is done: its slot may be reused

@@ -422,7 +422,12 @@ class LoopStats:
     do. The ragged attention reads those positions; the padded one (below ``attention.MIN_RAGGED_BATCH`` rows)
     reads the whole bucket, batch x length. Rates are per second of work: the worker's time asleep with
     nothing to do is left out. Rows stepped for nobody (free slots inside a step's batch bucket) are the
-    bucket less the rows."""
+    bucket less the rows.
+
+    Where the slots were at each step: free, or draining (ended, their last audio window not done yet: a
+    newcomer cannot have them). And the audio windows' lag, from the step that made a window due to its
+    audio handed out (any hold, the audio stream's queue and the decode itself): when it grows, slots drain
+    late and newcomers wait for them."""
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
@@ -440,15 +445,21 @@ class LoopStats:
         self.kv_positions = self.length_buckets = 0
         self.prefills = self.prefill_rows = 0
         self.audio_launches = self.audio_rows = 0
+        self.free_slots = self.draining_slots = 0
+        self.audio_windows = 0
+        self.audio_lag = self.audio_lag_max = 0.0
         self.gpu_wait = 0.0
         self.idle = 0.0
 
     def step(self, batch: int, stage_rows: np.ndarray, substep: bool = False, kv_positions: int = 0,
-             length: int = 0) -> None:
+             length: int = 0, free: int = 0, draining: int = 0) -> None:
         """A decode step over a batch bucket of ``batch`` with ``stage_rows[i]`` rows of ``STAGE_NAMES[i]``
         (``substep``: a first-audio substep, counted among the steps and on its own) whose rows' contexts sum
-        to ``kv_positions`` cached positions, at a length bucket of ``length``."""
+        to ``kv_positions`` cached positions, at a length bucket of ``length``; ``free`` and ``draining``
+        slots beside it."""
         self.steps += 1
+        self.free_slots += free
+        self.draining_slots += draining
         self.substeps += substep
         self.bucket_rows += batch
         self.rows += stage_rows
@@ -468,6 +479,12 @@ class LoopStats:
     def audio(self, rows: int) -> None:
         self.audio_launches += 1
         self.audio_rows += rows
+
+    def audio_out(self, lag: float) -> None:
+        """A window's audio was handed out ``lag`` seconds after the step that made it due."""
+        self.audio_windows += 1
+        self.audio_lag += lag
+        self.audio_lag_max = max(self.audio_lag_max, lag)
 
     def waited(self, seconds: float) -> None:
         self.gpu_wait += seconds
@@ -498,6 +515,11 @@ class LoopStats:
                "rows_per_prefill": round(self.prefill_rows / max(self.prefills, 1), 1),
                "audio_launches_per_s": round(self.audio_launches / wall, 1),
                "rows_per_audio_launch": round(self.audio_rows / max(self.audio_launches, 1), 1),
+               "free_slots_per_step": round(self.free_slots / steps, 1),
+               "draining_slots_per_step": round(self.draining_slots / steps, 1),
+               "audio_windows_out_per_s": round(self.audio_windows / wall, 1),
+               "audio_lag_ms": round(1e3 * self.audio_lag / max(self.audio_windows, 1), 1),
+               "audio_lag_max_ms": round(1e3 * self.audio_lag_max, 1),
                "gpu_wait_share": round(self.gpu_wait / wall, 3)}
         self.reset()
         return out
