@@ -43,6 +43,9 @@ MAX_SPEAKER_SAMPLE_TEXT_CHARS = 1_000
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 _DATED_ALIAS = re.compile(r"(?:%s)(?:-\d{4}|-\d{4}-\d{2}-\d{2})" % "|".join(map(re.escape, OPENAI_MODEL_ALIASES)))
 INT32_MAX = 2**31 - 1
+# Frames of the piece the warm-up decodes and encodes as a voice pass would (about a second of audio).
+VOICE_WARMUP_FRAMES = 48
+
 # text.voice_from_first_piece resolved for one request: upstream's voice pass, streamed, or none.
 VoiceMode = Literal["upstream", "stream", "off"]
 
@@ -717,6 +720,21 @@ class SpeechService:
             prompt_ids = self._text_refiner().prompt_ids("warm up", RefineParams())
             await self.engine.refine_text("warmup-refine", prompt_ids,
                                           upstream_refine_sampling(temperature=0, max_new_frames=4))
+        if self._can_sample_voice:  # any request may ask for a long input's voice pass
+            await self._warm_voice_pass()
+
+    async def _warm_voice_pass(self) -> None:
+        """The voice pass's own work, outside the engine: a whole piece decoded on the decode worker and its
+        audio encoded by the DVAE encoder on the refine worker. Each is a thread of its own whose first GPU
+        work (library handles, FFT plans, allocations) would else fall on the first long inputs: among the
+        first three after a start, one voice pass took 0.29-0.34 s to decode and encode where the others took
+        0.01-0.05 s (H100, two leases without this warm-up)."""
+        hidden = self.config.audio_decoder == "decoder"
+        gpt = self.model.sizes.gpt
+        frames = np.zeros((VOICE_WARMUP_FRAMES, gpt.hidden_size if hidden else gpt.num_vq),
+                          np.float32 if hidden else np.int64)
+        audio = await self._in_pool(self._decode_frames, frames)
+        await self.run_model(self._encode_voice, audio)
 
     async def close(self) -> None:
         await self.engine.stop()

@@ -4,8 +4,10 @@ piece's prompt with them. Equality with upstream's own steps: ``tests/parity/tes
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
+import pytest
 
 from chattts_runtime.text.frontend import FrontEnd
 from chattts_runtime.text.normalize import TextNormalizer
@@ -153,3 +155,46 @@ def test_a_request_voice_mode_outside_the_three_is_refused():
     for bad in ("yes", "on", 1):  # YAML's loose booleans too: the config says true, false or stream
         with pytest.raises(pydantic.ValidationError):
             RuntimeConfig.model_validate({"text": {"voice_from_first_piece": bad}})
+
+
+@pytest.mark.parametrize("audio_decoder", ["dvae", "decoder"])
+def test_the_warm_up_runs_the_voice_pass_on_its_own_workers(tiny_model, audio_decoder):
+    """The voice pass decodes a whole piece on the decode worker and encodes its audio on the refine worker,
+    threads the warm-up's synthesis never uses on the graph engine: the warm-up runs both there, so the first
+    long input does not pay their first GPU work."""
+    from chattts_runtime.config import RuntimeConfig
+    from chattts_runtime.engines.reference import ReferenceEngine
+    from chattts_runtime.metrics import RuntimeMetrics
+    from chattts_runtime.service import VOICE_WARMUP_FRAMES, SpeechService
+
+    config = RuntimeConfig.model_validate({
+        "engine_kind": "reference", "engine": {"max_model_len": 512},
+        "generation": {"max_new_frames": 8, "refine_text": False, "audio_decoder": audio_decoder}})
+    metrics = RuntimeMetrics()
+    service = SpeechService(config, tiny_model, ReferenceEngine(tiny_model, max_model_len=512, observer=metrics),
+                            metrics)
+    seen: dict[str, list[tuple[str, tuple[int, ...]]]] = {"vocos": [], "encoder": []}
+
+    def record(name):
+        return lambda module, args, out: seen[name].append((threading.current_thread().name, tuple(args[0].shape)))
+
+    hooks = [tiny_model.vocos.register_forward_hook(record("vocos")),
+             tiny_model.encoder.register_forward_hook(record("encoder"))]
+
+    async def run():
+        await service.engine.start()
+        try:
+            await service.warmup()
+        finally:
+            await service.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # The warm-up synthesis's own chunks are decoded on the decode worker too (the reference engine makes no
+    # audio); the voice pass adds one whole piece there (its mel has two columns a frame), then the encoder's
+    # run on the refine worker.
+    assert any(t.startswith("chattts-decode") and shape[-1] == 2 * VOICE_WARMUP_FRAMES for t, shape in seen["vocos"])
+    assert [t.split("_")[0] for t, _ in seen["encoder"]] == ["chattts-refine"]
