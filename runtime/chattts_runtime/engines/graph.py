@@ -958,7 +958,7 @@ class GraphEngine(Engine):
 
     def _hand_out_audio(self, batch: _AudioBatch, events: list[tuple[str, FrameChunk]]) -> None:
         audio = batch.audio.numpy() if batch.audio is not None else None
-        now = time.monotonic()
+        now = time.monotonic()  # the batch's hand-out: its windows' lag and any first audio are read from it
         row = 0
         for w in batch.windows:
             seq = w.seq
@@ -969,7 +969,7 @@ class GraphEngine(Engine):
                 row += 1
                 self._stats.audio_out(now - w.due_at)
                 if seq.first_audio_at is None and len(samples):
-                    seq.first_audio_at = time.monotonic()
+                    seq.first_audio_at = now
             if w.final is not None:  # the stream's last window is done: its slot may be reused
                 self._slots.drained(seq.slot)
             if seq.aborted:
